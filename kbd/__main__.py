@@ -1,0 +1,5 @@
+import sys
+
+from kbd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,298 @@
+"""The kernel catalog: levels files (`levels/*.yaml`), KernelBench lookup and kernel selection.
+
+A levels file is a YAML list of entries; see README "Levels files" for the schema. Everything is
+validated here, at the edge: an error names the file, the entry and the field.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from kbd.errors import InputError
+from kbd.protocol import FAILURES, Input, Scalar, Tensor
+from kbd.shapes import DTYPE_BYTES, Shape, parse_dims, parse_shape
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LEVELS_DIR = REPO_ROOT / "levels"
+DEFAULT_KERNELBENCH = REPO_ROOT / "third_party" / "KernelBench" / "KernelBench"
+FIELDS = {
+    "kernel",
+    "input_shapes",
+    "initializations",
+    "output_shape",
+    "init_args",
+    "gflops",
+    "pipeline",
+    "dtype",
+    "warning",
+    "xfail",
+}
+XFAIL_FIELDS = {"outcome", "phase", "message"}
+
+
+class Expectation(msgspec.Struct, frozen=True):
+    """An expected failure: outcome, phase and the start of the message, all from evidence."""
+
+    outcome: str
+    phase: str | None = None
+    message: str | None = None
+
+    def matches(self, outcome: str, phase: str, message: str) -> bool:
+        return (
+            outcome == self.outcome
+            and (self.phase is None or phase == self.phase)
+            and (self.message is None or message.startswith(self.message))
+        )
+
+    def __str__(self) -> str:
+        parts = [self.outcome, self.phase or "", self.message or ""]
+        return " / ".join(p for p in parts if p)
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """One kernel of a levels file, validated."""
+
+    kernel: str  # path under the KernelBench root, e.g. level1/2_Standard_matrix_multiplication_.py
+    levels_file: str
+    inputs: list[Input] | None
+    outputs: list[Shape] | None
+    init_args: Any
+    gflops: float | None
+    pipeline: str | None
+    dtype: str
+    warning: str | None
+    xfail: Expectation | None
+
+    @property
+    def name(self) -> str:
+        return self.kernel.removesuffix(".py")
+
+
+def kernelbench_root(option: str | None) -> Path:
+    """`--kernelbench DIR`, else $KBD_KERNELBENCH, else the submodule; must hold level1/ etc."""
+    if option:
+        root, origin = Path(option), "--kernelbench"
+    elif os.environ.get("KBD_KERNELBENCH"):
+        root, origin = Path(os.environ["KBD_KERNELBENCH"]), "KBD_KERNELBENCH"
+    else:
+        root, origin = DEFAULT_KERNELBENCH, "default location"
+    if not root.is_dir() or not any(root.glob("level*")):
+        raise InputError(
+            f"KernelBench not found at {root} ({origin}): run `git submodule update --init` "
+            "or pass --kernelbench DIR (the folder holding level1/, level2/, ...)"
+        )
+    return root.resolve()
+
+
+def default_levels_files() -> list[Path]:
+    """Every levels file except ci.yaml, which is selected explicitly."""
+    return sorted(p for p in LEVELS_DIR.glob("*.yaml") if p.name != "ci.yaml")
+
+
+def load(files: list[Path]) -> list[Entry]:
+    """Load and validate levels files; a kernel may appear only once across them."""
+    if not files:
+        raise InputError(f"no levels files found in {LEVELS_DIR}; pass --levels FILE")
+    seen: dict[str, str] = {}
+    entries = []
+    for path in files:
+        for entry in load_file(path):
+            if entry.kernel in seen:
+                raise InputError(
+                    f"{path}: kernel {entry.kernel} is also listed in {seen[entry.kernel]}"
+                )
+            seen[entry.kernel] = str(path)
+            entries.append(entry)
+    return entries
+
+
+def load_file(path: Path) -> list[Entry]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read levels file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(f"{path}: malformed YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise InputError(f"{path}: a levels file is a YAML list of entries")
+    return [_entry(path, i, raw) for i, raw in enumerate(data)]
+
+
+def select(entries: list[Entry], prefixes: list[str]) -> list[Entry]:
+    """Entries whose kernel path starts with any prefix (all entries when none is given)."""
+    if not prefixes:
+        return entries
+    chosen = []
+    for prefix in prefixes:
+        matched = [e for e in entries if e.kernel.startswith(prefix)]
+        if not matched:
+            raise InputError(f"no kernel in the selected levels files matches {prefix!r}")
+        chosen.extend(e for e in matched if e not in chosen)
+    return chosen
+
+
+def check_sources(entries: list[Entry], root: Path) -> None:
+    for entry in entries:
+        if not (root / entry.kernel).is_file():
+            raise InputError(
+                f"{entry.levels_file}: kernel {entry.kernel} does not exist in "
+                f"KernelBench at {root}"
+            )
+
+
+def _entry(path: Path, index: int, raw: Any) -> Entry:
+    where = f"{path}: entry {index + 1}"
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a mapping with a 'kernel' field")
+    kernel = raw.get("kernel")
+    if not isinstance(kernel, str) or not kernel.endswith(".py"):
+        raise InputError(f"{where}: field 'kernel' must be a path like level1/2_Name.py")
+    where = f"{path}: {kernel}"
+    unknown = set(raw) - FIELDS
+    if unknown:
+        raise InputError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    dtype = raw.get("dtype", "f32")
+    if dtype not in DTYPE_BYTES:
+        raise InputError(f"{where}: field 'dtype': unknown type {dtype!r}")
+    return Entry(
+        kernel=kernel,
+        levels_file=str(path),
+        inputs=_inputs(raw, where, dtype),
+        outputs=_outputs(raw.get("output_shape"), where, dtype),
+        init_args=_init_args(raw.get("init_args"), where),
+        gflops=_gflops(raw.get("gflops"), where),
+        pipeline=_optional_str(raw, "pipeline", where),
+        dtype=dtype,
+        warning=_optional_str(raw, "warning", where),
+        xfail=_xfail(raw.get("xfail"), where),
+    )
+
+
+def _inputs(raw: dict, where: str, dtype: str) -> list[Input] | None:
+    shapes = raw.get("input_shapes")
+    inits = raw.get("initializations")
+    if shapes is None:
+        if inits is not None:
+            raise InputError(f"{where}: field 'initializations' given without 'input_shapes'")
+        return None
+    if not isinstance(shapes, list):
+        raise InputError(f"{where}: field 'input_shapes' must be a list")
+    if not isinstance(inits, list) or len(inits) != len(shapes):
+        raise InputError(
+            f"{where}: field 'initializations' must list one init per input ({len(shapes)} inputs)"
+        )
+    inputs: list[Input] = []
+    for i, (shape, init) in enumerate(zip(shapes, inits, strict=True)):
+        field = f"{where}: input_shapes[{i}]"
+        if str(init) == "scalar":
+            if isinstance(shape, bool) or not isinstance(shape, int | float):
+                raise InputError(f"{field}: a 'scalar' input must be a number, got {shape!r}")
+            inputs.append(Scalar(shape))
+            continue
+        if isinstance(shape, float):
+            raise InputError(f"{field}: {shape!r} is a number; its initialization must be 'scalar'")
+        inputs.append(Tensor(parse_shape(f"{shape}", field, dtype, str(init))))
+    return inputs
+
+
+def _outputs(value: Any, where: str, dtype: str) -> list[Shape] | None:
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    outputs = []
+    for i, item in enumerate(items):
+        field = (
+            f"{where}: output_shape[{i}]" if isinstance(value, list) else f"{where}: output_shape"
+        )
+        if str(item) == "scalar":
+            outputs.append(Shape((), dtype))
+        else:
+            outputs.append(Shape(parse_dims(str(item), field), dtype))
+    return outputs
+
+
+def _init_args(value: Any, where: str) -> Any:
+    if value is None or value == "None":
+        return None
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise InputError(
+                f"{where}: field 'init_args' {value!r} is not a literal like (128,[128],128)"
+            ) from None
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        value = [value]
+    return value
+
+
+_ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
+
+
+def _gflops(value: Any, where: str) -> float | None:
+    """A number, or an arithmetic expression like `(2048 * 8192 * 4096 * 2) / 1e9`."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+
+    def evaluate(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+            return _ARITHMETIC[type(node.op)](evaluate(node.left), evaluate(node.right))
+        raise ValueError
+
+    try:
+        return float(evaluate(ast.parse(str(value), mode="eval").body))
+    except (ValueError, SyntaxError, ZeroDivisionError):
+        raise InputError(
+            f"{where}: field 'gflops' {value!r} is not a number or arithmetic"
+        ) from None
+
+
+def _optional_str(raw: dict, field: str, where: str) -> str | None:
+    value = raw.get(field)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{where}: field {field!r} must be a string")
+    return value
+
+
+def _xfail(value: Any, where: str) -> Expectation | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "outcome" not in value:
+        raise InputError(f"{where}: field 'xfail' must be a mapping with at least 'outcome'")
+    unknown = set(value) - XFAIL_FIELDS
+    if unknown:
+        raise InputError(f"{where}: field 'xfail' has unknown key {sorted(unknown)[0]!r}")
+    if value["outcome"] not in FAILURES:
+        raise InputError(
+            f"{where}: xfail outcome {value['outcome']!r} is not one of {', '.join(FAILURES)}"
+        )
+    return Expectation(
+        outcome=value["outcome"],
+        phase=None if value.get("phase") is None else str(value["phase"]),
+        message=None if value.get("message") is None else str(value["message"]),
+    )

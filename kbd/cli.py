@@ -1,0 +1,218 @@
+"""The `kbd` command line. Supervisor side: this module and everything it imports stay torch-free.
+
+Exit status: 0 when every kernel passed or failed as expected, 1 when any kernel failed
+unexpectedly (or an expected failure passed), 2 for usage and input errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kbd import __version__
+from kbd.errors import InputError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+DESCRIPTION = """\
+Run KernelBench kernels through torch-mlir and an MLIR pipeline, JIT them with the MLIR
+ExecutionEngine, and check them against PyTorch eager. Every kernel runs in its own sandboxed
+worker process (memory cap, pinned cores, timeout), forked from a warm template.
+"""
+
+EPILOG = """\
+examples:
+  kbd run --levels levels/ci.yaml level1/2_ level3/1_
+  kbd sweep --smoke-test --levels levels/ci.yaml
+  kbd sweep --smoke-test level1/ level2/ -j 2 --junit results.xml
+  kbd sweep --resume          # finish the latest sweep after an interruption
+  kbd results --json          # the latest sweep's records as JSON Lines
+"""
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    sel = parser.add_argument_group("kernel selection")
+    sel.add_argument(
+        "kernels",
+        nargs="*",
+        metavar="PREFIX",
+        help="kernels whose path starts with PREFIX, e.g. level2/11_ or level1/ (default: all)",
+    )
+    sel.add_argument(
+        "--levels",
+        action="append",
+        metavar="FILE",
+        default=[],
+        help="levels file to read (repeatable; default: every levels/*.yaml except ci.yaml)",
+    )
+    sel.add_argument(
+        "--kernelbench",
+        metavar="DIR",
+        help="KernelBench folder holding level1/, level2/, ... (default: $KBD_KERNELBENCH, "
+        "then third_party/KernelBench/KernelBench)",
+    )
+    comp = parser.add_argument_group("compilation and checking")
+    comp.add_argument(
+        "--pipeline",
+        action="append",
+        metavar="FILE|PASS",
+        default=[],
+        help="pipeline stage(s) for every kernel, replacing the levels entries' pipelines: a "
+        "descriptor YAML, a .mlir transform script or a pass name (repeatable, applied in order)",
+    )
+    comp.add_argument("--seed", type=int, default=0, help="seed for torch and numpy (default 0)")
+    comp.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.01,
+        help="rtol = atol for allclose against eager (default 0.01)",
+    )
+    comp.add_argument(
+        "--max-tolerance",
+        type=float,
+        default=1.0,
+        help="largest tolerance tried when reporting a mismatch (default 1.0)",
+    )
+    comp.add_argument(
+        "-O",
+        dest="opt_level",
+        type=int,
+        default=3,
+        choices=range(4),
+        help="LLVM optimization level of the JIT (default 3)",
+    )
+    lim = parser.add_argument_group("workers and limits")
+    lim.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="parallel workers, each pinned to its own cores (default: usable cores)",
+    )
+    lim.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="per-kernel wall-time limit; the worker's process group is killed (default 600)",
+    )
+    lim.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        default="4GiB",
+        help="per-worker memory cap, e.g. 2GiB (RLIMIT_DATA plus an RSS watch; "
+        "default 4GiB; 'none' to disable)",
+    )
+    lim.add_argument(
+        "--mem-budget",
+        metavar="SIZE",
+        help="memory all running workers may use together; kernels are admitted by "
+        "their estimated need (default: 75%% of available memory)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--json", action="store_true", help="one JSON object per kernel on stdout (JSON Lines)"
+    )
+    out.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    out.add_argument(
+        "--log-dir", metavar="DIR", help="where per-kernel logs go (default .kbd/logs/<run>)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kbd",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"kbd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run kernels now and print one line per kernel",
+        description="Run the selected kernels, each in a fresh sandboxed worker, and print a "
+        "line per kernel (outcome, phase, time, peak memory, tolerance). Nothing is stored.",
+    )
+    _common(run)
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="run many kernels in parallel, store results, resume after interruption",
+        description="Run the selected kernels on all cores with memory admission, store every "
+        "result in the results database as it ends, and show live progress on a terminal. "
+        "An interrupted sweep continues with --resume.",
+    )
+    _common(sweep)
+    sweep.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="run every selected kernel with the default scalar pipeline",
+    )
+    sweep.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="ID",
+        help="re-run only the kernels of sweep ID (default: latest) that have no "
+        "result, with that sweep's options",
+    )
+    sweep.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only shard I of N (1-based; stable when kernels are added)",
+    )
+    sweep.add_argument(
+        "--db",
+        metavar="PATH",
+        default=".kbd/results.db",
+        help="results database (default .kbd/results.db)",
+    )
+
+    results = sub.add_parser(
+        "results",
+        help="show the results of a past sweep",
+        description="Show a stored sweep (default: the latest).",
+    )
+    results.add_argument("id", nargs="?", type=int, help="sweep id (default: latest)")
+    results.add_argument("--json", action="store_true", help="JSON Lines, one object per kernel")
+    results.add_argument("--junit", metavar="FILE", help="write JUnit XML to FILE")
+    results.add_argument(
+        "--db",
+        metavar="PATH",
+        default=".kbd/results.db",
+        help="results database (default .kbd/results.db)",
+    )
+
+    sweeps = sub.add_parser(
+        "sweeps", help="list stored sweeps", description="List the sweeps in the results database."
+    )
+    sweeps.add_argument(
+        "--db",
+        metavar="PATH",
+        default=".kbd/results.db",
+        help="results database (default .kbd/results.db)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("run", "sweep"):
+            from kbd import commands
+
+            return commands.run_or_sweep(args)
+        from kbd import history
+
+        if args.command == "results":
+            return history.show_results(args)
+        return history.list_sweeps(args)
+    except InputError as exc:
+        print(f"kbd: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kbd: interrupted", file=sys.stderr)
+        return 130

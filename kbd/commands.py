@@ -1,0 +1,268 @@
+"""`kbd run` and `kbd sweep`: plan the selected kernels, run them, report and store results."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+import time
+from argparse import Namespace
+from importlib import metadata
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from kbd import catalog, descriptor, limits, reports, scheduler
+from kbd.catalog import Entry
+from kbd.errors import InputError
+from kbd.outcome import Record
+from kbd.progress import Progress
+from kbd.protocol import Job, Limits, Stage
+from kbd.scheduler import Hooks, Planned
+from kbd.spawner import Spawner, TemplateError
+from kbd.store import Store
+
+SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
+# Options a resumed sweep takes from the stored sweep rather than from the command line.
+RESUMABLE = (
+    "kernels",
+    "levels",
+    "kernelbench",
+    "pipeline",
+    "seed",
+    "tolerance",
+    "max_tolerance",
+    "opt_level",
+    "jobs",
+    "timeout",
+    "mem_limit",
+    "mem_budget",
+    "smoke_test",
+    "shard",
+)
+SECONDS_PER_GFLOP = 2.0  # scalar-loop code; only used to order kernels never run before
+
+
+def run_or_sweep(args: Namespace) -> int:
+    sweep = args.command == "sweep"
+    store = Store(Path(args.db)) if sweep else None
+    resumed = None
+    if sweep and args.resume:
+        resumed = store.sweep(None if args.resume == "latest" else _sweep_id(args.resume))
+        for name in RESUMABLE:
+            setattr(args, name, resumed.options[name])
+    plans, slots, budget = _plan(args, store)
+    if sweep and args.shard:
+        plans = [p for p in plans if _in_shard(p.entry.name, args.shard)]
+    kernels = [p.entry.name for p in plans]
+    if resumed is not None:
+        finished = {r.kernel for r in store.records(resumed.id)}
+        plans = [p for p in plans if p.entry.name not in finished]
+        sweep_id = resumed.id
+        store.set_status(sweep_id, "running")
+        _notice(
+            args, f"kbd: resuming sweep {sweep_id}: {len(plans)} of {len(kernels)} kernels left"
+        )
+    elif sweep:
+        options = {name: getattr(args, name) for name in RESUMABLE}
+        sweep_id = store.create_sweep(
+            shlex.join(["kbd", *sys.argv[1:]]), options, kernels, _hash([p.job for p in plans])
+        )
+    log_dir = Path(args.log_dir) if args.log_dir else _default_log_dir(sweep_id if sweep else None)
+    hashes = {p.entry.name: _hash(p.job) for p in plans}
+
+    progress = Progress(total=len(plans), live=sys.stderr.isatty() and not args.json)
+    records: list[Record] = []
+
+    def finished(record: Record) -> None:
+        records.append(record)
+        if store is not None:
+            store.add_attempt(sweep_id, hashes[record.kernel], record)
+        if args.json:
+            print(reports.json_line(record), flush=True)
+            progress.finished(record, None)
+        else:
+            progress.finished(record, reports.line(record))
+
+    hooks = Hooks(
+        started=progress.started,
+        phase=progress.phase,
+        memory=progress.memory,
+        finished=finished,
+        notice=progress.notice,
+    )
+    started = time.monotonic()
+    cores_per_worker = len(slots[0])
+    env = {**os.environ, **limits.thread_env(cores_per_worker), "PYTHONFAULTHANDLER": "1"}
+    try:
+        completed = anyio.run(_execute, env, log_dir, plans, slots, budget, args.timeout, hooks)
+    except TemplateError as exc:
+        progress.close()
+        print(f"kbd: error: {exc}", file=sys.stderr)
+        if store is not None:
+            store.set_status(sweep_id, "interrupted")
+        return 1
+    progress.close()
+    wall = time.monotonic() - started
+    if store is not None:
+        store.set_status(sweep_id, "done" if completed else "interrupted")
+        records = _in_order(store.records(sweep_id), kernels)
+    if args.junit:
+        reports.write_junit(records, Path(args.junit))
+    if not args.json or sys.stderr.isatty():
+        print(reports.summary(records, wall), file=sys.stderr if args.json else sys.stdout)
+    if sweep and not completed:
+        print(
+            f"kbd: sweep {sweep_id} interrupted; continue with `kbd sweep --resume {sweep_id}`",
+            file=sys.stderr,
+        )
+    if not completed:
+        return 130
+    return 1 if any(r.failed for r in records) else 0
+
+
+async def _execute(env, log_dir, plans, slots, budget, timeout, hooks) -> bool:
+    async with Spawner.started(env, log_dir / "template.log") as spawner:
+        return await scheduler.execute(
+            spawner,
+            plans,
+            slots=slots,
+            budget=budget,
+            timeout=timeout,
+            log_dir=log_dir,
+            hooks=hooks,
+        )
+
+
+def _plan(args: Namespace, store: Store | None):
+    """Validate everything the user gave and build one job per selected kernel."""
+    root = catalog.kernelbench_root(args.kernelbench)
+    files = [Path(f) for f in args.levels] or catalog.default_levels_files()
+    entries = catalog.select(catalog.load(files), args.kernels)
+    catalog.check_sources(entries, root)
+    cores = limits.usable_cores()
+    jobs = args.jobs if args.jobs is not None else len(cores)
+    if jobs < 1:
+        raise InputError(f"-j/--jobs must be at least 1, got {jobs}")
+    if args.timeout <= 0:
+        raise InputError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.tolerance <= 0 or args.max_tolerance < args.tolerance:
+        raise InputError("--tolerance must be positive and at most --max-tolerance")
+    mem_limit = None
+    if str(args.mem_limit).lower() != "none":
+        mem_limit = limits.parse_size(args.mem_limit, "--mem-limit")
+    budget = (
+        limits.parse_size(args.mem_budget, "--mem-budget")
+        if args.mem_budget
+        else limits.default_budget()
+    )
+    slots = scheduler.core_slots(cores, jobs)
+    override = (
+        descriptor.resolve_pipeline(args.pipeline, schedules_dir=SCHEDULES_DIR, cwd=Path.cwd())
+        if args.pipeline
+        else None
+    )
+    smoke = getattr(args, "smoke_test", False)
+    past = store.past() if store is not None else {}
+    plans = []
+    for entry in entries:
+        stages = override or _stages(entry, smoke)
+        job = Job(
+            kernel=entry.kernel,
+            source=str(root / entry.kernel),
+            inputs=entry.inputs,
+            init_args=entry.init_args,
+            outputs=entry.outputs,
+            dtype=entry.dtype,
+            stages=stages,
+            seed=args.seed,
+            tolerance=args.tolerance,
+            max_tolerance=args.max_tolerance,
+            opt_level=args.opt_level,
+            limits=Limits(mem_limit=mem_limit),
+        )
+        previous = past.get(entry.name)
+        memory = limits.estimate(entry)
+        if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
+            memory = max(memory, previous.peak_rss_bytes)
+        if mem_limit is not None:
+            memory = min(memory, mem_limit + limits.WORKER_BASE_BYTES)
+        expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
+        plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
+    return scheduler.order(plans), slots, budget
+
+
+def _stages(entry: Entry, smoke: bool) -> list[Stage]:
+    """The entry's pipeline through the finder, or the default scalar lowering."""
+    specs = [descriptor.DEFAULT_PIPELINE]
+    if entry.pipeline and not smoke:
+        arch, features = descriptor.host_target()
+        found = descriptor.find_pipeline(
+            entry.pipeline, entry.dtype, schedules_dir=SCHEDULES_DIR, arch=arch, features=features
+        )
+        if found is not None:
+            specs = [str(found)]
+    return descriptor.resolve_pipeline(specs, schedules_dir=SCHEDULES_DIR, cwd=Path.cwd())
+
+
+def _hash(value) -> str:
+    """Configuration hash: the job(s), the kernel sources, transform scripts and tool versions."""
+    jobs = value if isinstance(value, list) else [value]
+    digest = hashlib.sha256()
+    for name in ("torch", "torch-mlir"):
+        digest.update(f"{name}={_version(name)}".encode())
+    for job in jobs:
+        digest.update(msgspec.msgpack.encode(msgspec.structs.replace(job, limits=Limits())))
+        digest.update(_file_bytes(job.source))
+        for stage in job.stages:
+            if stage.kind == "transform":
+                digest.update(_file_bytes(stage.text))
+    return digest.hexdigest()[:16]
+
+
+def _file_bytes(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+def _in_shard(kernel: str, shard: str) -> bool:
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise InputError(f"--shard {shard!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise InputError(f"--shard {shard!r}: I must be between 1 and N")
+    bucket = int(hashlib.sha256(kernel.encode()).hexdigest(), 16) % count
+    return bucket == index - 1
+
+
+def _sweep_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError(f"--resume {text!r}: a sweep id is a number") from None
+
+
+def _in_order(records: list[Record], kernels: list[str]) -> list[Record]:
+    position = {k: i for i, k in enumerate(kernels)}
+    return sorted(records, key=lambda r: position.get(r.kernel, len(position)))
+
+
+def _default_log_dir(sweep_id: int | None) -> Path:
+    name = f"sweep-{sweep_id}" if sweep_id is not None else time.strftime("run-%Y%m%d-%H%M%S")
+    return Path(".kbd") / "logs" / name
+
+
+def _notice(args: Namespace, text: str) -> None:
+    print(text, file=sys.stderr)

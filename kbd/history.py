@@ -1,0 +1,64 @@
+"""`kbd results` and `kbd sweeps`: read the results store (no torch, no workers)."""
+
+from __future__ import annotations
+
+import time
+from argparse import Namespace
+from collections import Counter
+from pathlib import Path
+
+from kbd import reports
+from kbd.errors import InputError
+from kbd.store import Store
+
+
+def _open(args: Namespace) -> Store:
+    path = Path(args.db)
+    if not path.exists():
+        raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
+    return Store(path)
+
+
+def show_results(args: Namespace) -> int:
+    store = _open(args)
+    sweep = store.sweep(args.id)
+    records = store.records(sweep.id)
+    position = {k: i for i, k in enumerate(sweep.kernels)}
+    records.sort(key=lambda r: position.get(r.kernel, len(position)))
+    if args.junit:
+        reports.write_junit(records, Path(args.junit))
+    if args.json:
+        for record in records:
+            print(reports.json_line(record))
+        return 0
+    print(f"sweep {sweep.id} ({sweep.status}, {_when(sweep.created)}): {sweep.command}")
+    for record in records:
+        print(reports.line(record))
+    missing = len(sweep.kernels) - len(records)
+    print()
+    print(reports.summary(records))
+    if missing:
+        print(f"{missing} kernels have no result yet: `kbd sweep --resume {sweep.id}`")
+    return 0
+
+
+def list_sweeps(args: Namespace) -> int:
+    store = _open(args)
+    sweeps = store.sweeps()
+    if not sweeps:
+        print("no sweeps recorded")
+        return 0
+    print(f"{'id':>4}  {'started':<19}  {'status':<11}  {'done':>9}  outcomes")
+    for sweep in sweeps:
+        records = store.records(sweep.id)
+        tally = Counter(r.outcome for r in records)
+        outcomes = ", ".join(f"{n} {o}" for o, n in sorted(tally.items()))
+        done = f"{len(records)}/{len(sweep.kernels)}"
+        print(
+            f"{sweep.id:>4}  {_when(sweep.created):<19}  {sweep.status:<11}  {done:>9}  {outcomes}"
+        )
+    return 0
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))

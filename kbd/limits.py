@@ -1,0 +1,92 @@
+"""Sizes, the machine's resources, and per-kernel memory estimates (supervisor side)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import psutil
+
+from kbd.catalog import Entry
+from kbd.errors import InputError
+from kbd.protocol import Tensor
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+# A forked worker starts with the template's ~0.5 GB of private data (torch, torch-mlir) and its
+# own allocations during import and JIT; kernel buffers come on top.
+WORKER_BASE_BYTES = 700 << 20
+DEFAULT_MEM_LIMIT = 4 << 30
+BUDGET_FRACTION = 0.75
+RESERVE_BYTES = 2 << 30
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def parse_size(text: str, option: str) -> int:
+    """`2GiB`, `512M`, `1.5g`, `1000000` -> bytes; decimal (k, M, G) and binary (KiB...) units."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise InputError(f"{option}: {text!r} is not a size like 2GiB, 512M or 1000000")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise InputError(f"{option}: size must be positive")
+    return value
+
+
+def format_size(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def default_budget() -> int:
+    """Memory all running workers may use together: a fraction of what is available now,
+    keeping a reserve for the system."""
+    available = psutil.virtual_memory().available
+    return max(1 << 30, min(int(available * BUDGET_FRACTION), available - RESERVE_BYTES))
+
+
+def estimate(entry: Entry) -> int:
+    """Predicted peak memory of a worker running `entry`.
+
+    Inputs are held once by numpy (shared with torch) and again while the eager reference
+    runs; each output exists as the compiled buffer, the eager result and two float64 copies
+    during the check. Kernels without shapes (get_inputs) get only the base.
+    """
+    inputs = sum(i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor))
+    outputs = sum(o.nbytes for o in entry.outputs or [])
+    if entry.outputs is None:
+        outputs = max(
+            (i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor)), default=0
+        )
+    return WORKER_BASE_BYTES + 2 * inputs + 6 * outputs
+
+
+def thread_env(cores: int) -> dict[str, str]:
+    """Environment that makes OpenMP, MKL and OpenBLAS use `cores` threads."""
+    return {name: str(cores) for name in THREAD_ENV}

@@ -1,0 +1,109 @@
+"""Final per-kernel records and how a worker's end is classified into one outcome."""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+
+import msgspec
+
+from kbd.catalog import Expectation
+from kbd.protocol import FAILURES, Outcome, Result
+
+LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
+_LLVM_OOM = ("LLVM ERROR: out of memory", "Allocation failed", "std::bad_alloc")
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """How one kernel ended: what `kbd run --json` prints and the store keeps."""
+
+    kernel: str
+    outcome: Outcome
+    phase: str
+    signal: str | None = None
+    message: str = ""
+    wall_s: float = 0.0
+    peak_rss_bytes: int | None = None
+    tolerance: float | None = None
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    times: dict[str, float] = {}
+    limits: dict[str, str] = {}
+    expected: str | None = None  # the xfail expectation, when the entry has one
+    log: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """An unexpected result: a failure outcome, or an expected failure that passed."""
+        return self.outcome in FAILURES or self.outcome == "xpass"
+
+
+class Death(msgspec.Struct, kw_only=True):
+    """What the supervisor observed about a worker that ended."""
+
+    returncode: int | None  # None: never reaped (should not happen)
+    last_phase: str
+    timed_out: bool = False
+    timeout_s: float | None = None
+    memory_killed: bool = False
+    mem_limit: int | None = None
+    peak_rss_bytes: int | None = None
+    llvm_error: str | None = None
+    protocol_error: str | None = None
+
+
+def classify(result: Result | None, death: Death) -> tuple[Outcome, str, str | None, str]:
+    """(outcome, phase, signal name, message) from the worker's result and its death."""
+    phase = result.phase if result else death.last_phase
+    if death.timed_out:
+        return "timeout", death.last_phase, None, f"no result after {death.timeout_s:g} s"
+    if death.memory_killed:
+        return "memory", death.last_phase, None, _memory_message(death)
+    if result is not None:
+        return result.outcome, result.phase, None, result.message
+    if death.protocol_error:
+        return "error", phase, None, f"worker protocol error: {death.protocol_error}"
+    code = death.returncode
+    if code is not None and code < 0:
+        name = _signal_name(-code)
+        if death.llvm_error and any(m in death.llvm_error for m in _LLVM_OOM):
+            return "memory", phase, name, f"{death.llvm_error} ({_memory_message(death)})"
+        if death.llvm_error:
+            return "crash", phase, name, death.llvm_error
+        return "crash", phase, name, f"worker killed by {name}"
+    return "error", phase, None, f"worker exited with status {code} before reporting a result"
+
+
+def expect(outcome: Outcome, phase: str, message: str, expectation: Expectation | None):
+    """Apply an entry's expected failure: (final outcome, note for the message or None)."""
+    if expectation is None:
+        return outcome, None
+    if outcome == "pass":
+        return "xpass", f"expected to fail ({expectation}) but passed"
+    if expectation.matches(outcome, phase, message):
+        return "xfail", None
+    return outcome, f"expected {expectation}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _memory_message(death: Death) -> str:
+    parts = []
+    if death.mem_limit is not None:
+        parts.append(f"limit {_size(death.mem_limit)}")
+    if death.peak_rss_bytes:
+        parts.append(f"peak {_size(death.peak_rss_bytes)}")
+    return ", ".join(parts) or "out of memory"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -1,0 +1,202 @@
+"""The wire protocol: every message that crosses a process boundary, and its framing.
+
+Frames are a 4-byte big-endian length followed by a msgpack payload. Two channels use them:
+
+- supervisor <-> worker, on a socketpair private to one kernel: the supervisor sends one `Job`;
+  the worker answers `Phase` heartbeats (sent *before* each step, so a death is pinned to a phase)
+  and one `Result`. The worker's stdout/stderr never carry frames.
+- supervisor <-> template (the warm process that forks workers), on a Unix socket: `Spawn`
+  (the worker's socket end travels with it as SCM_RIGHTS), answered by `Spawned` and, when the
+  worker is reaped, `Exited`.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any, Literal
+
+import msgspec
+
+from kbd.shapes import Shape
+
+MAX_FRAME = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+Outcome = Literal[
+    "pass", "mismatch", "error", "crash", "timeout", "memory", "skipped", "xfail", "xpass"
+]
+FAILURES = ("mismatch", "error", "crash", "timeout", "memory")
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not a valid frame."""
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+
+class Stage(msgspec.Struct, frozen=True):
+    """One pipeline stage: an MLIR pass pipeline element or a transform script."""
+
+    kind: Literal["pass", "transform"]
+    text: str  # "name{opt=v ...}" for a pass, an absolute .mlir path for a transform
+    source: str  # the descriptor file (or command-line spec) this stage came from
+
+    @property
+    def name(self) -> str:
+        if self.kind == "pass":
+            return self.text.split("{", 1)[0].strip()
+        return self.text.rsplit("/", 1)[-1]
+
+
+class Scalar(msgspec.Struct, frozen=True, tag="scalar"):
+    """A Python scalar input (KernelBench passes some as plain floats or ints)."""
+
+    value: float | int | bool
+
+
+class Tensor(msgspec.Struct, frozen=True, tag="tensor"):
+    shape: Shape
+
+
+Input = Scalar | Tensor
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """Limits a worker applies to itself before any heavy work."""
+
+    cores: tuple[int, ...] = ()
+    mem_limit: int | None = None  # bytes of RLIMIT_DATA; None = unlimited
+
+
+class Job(msgspec.Struct, frozen=True):
+    """Everything a worker needs to run one kernel."""
+
+    kernel: str  # e.g. "level1/2_Standard_matrix_multiplication_.py"
+    source: str  # absolute path of the KernelBench problem file
+    inputs: list[Input] | None  # None: use the problem's get_inputs()
+    init_args: Any  # list of constructor args, or None for get_init_inputs()
+    outputs: list[Shape] | None  # expected output shapes, checked against the import
+    dtype: str
+    stages: list[Stage]
+    seed: int
+    tolerance: float
+    max_tolerance: float
+    opt_level: int
+    limits: Limits
+
+
+# --- worker -> supervisor -------------------------------------------------------------------
+
+
+class Phase(msgspec.Struct, frozen=True, tag="phase"):
+    """Heartbeat sent before each step: load, import, pipeline:<stage>, jit, run, check, bench."""
+
+    name: str
+
+
+class Result(msgspec.Struct, frozen=True, tag="result"):
+    """How the kernel ended, as the worker saw it."""
+
+    outcome: Outcome
+    phase: str
+    message: str = ""
+    tolerance: float | None = None  # smallest tolerance (power of ten) that passes
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    times: dict[str, float] = {}  # seconds per phase
+    limits_enforced: dict[str, str] = {}
+
+
+WorkerMessage = Phase | Result
+
+
+# --- supervisor <-> template ----------------------------------------------------------------
+
+
+class Spawn(msgspec.Struct, frozen=True, tag="spawn"):
+    """Fork a worker; its socket end is attached to this frame as SCM_RIGHTS."""
+
+    token: int
+    log_path: str
+
+
+class Spawned(msgspec.Struct, frozen=True, tag="spawned"):
+    token: int
+    pid: int
+
+
+class Exited(msgspec.Struct, frozen=True, tag="exited"):
+    """A worker was reaped: its raw wait status and its peak RSS from wait4."""
+
+    pid: int
+    returncode: int  # negative: killed by that signal
+    peak_rss_bytes: int
+
+
+class Ready(msgspec.Struct, frozen=True, tag="ready"):
+    """The template has imported everything and accepts Spawn frames."""
+
+    pid: int
+    versions: dict[str, str]
+
+
+TemplateMessage = Spawned | Exited | Ready
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Any, msgspec.msgpack.Decoder] = {}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """One frame: length prefix plus msgpack payload."""
+    payload = _encoder.encode(message)
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode(payload: bytes, kind: Any) -> Any:
+    """Decode a frame payload as `kind` (a Struct type or a union of them)."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        return decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from None
+
+
+def frame_length(header: bytes) -> int:
+    """Length of the payload announced by a 4-byte header; rejects oversized frames."""
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes announced, limit is {MAX_FRAME}")
+    return length
+
+
+async def receive(stream: Any, kind: Any) -> Any:
+    """Read one frame from an anyio BufferedByteReceiveStream; EndOfStream propagates."""
+    length = frame_length(await stream.receive_exactly(_HEADER.size))
+    return decode(await stream.receive_exactly(length), kind)
+
+
+def send_blocking(sock: socket.socket, message: msgspec.Struct) -> None:
+    """Write one frame on a blocking socket (worker side)."""
+    sock.sendall(encode(message))
+
+
+def receive_blocking(sock: socket.socket, kind: Any) -> Any:
+    """Read one frame from a blocking socket; raises EOFError when the peer is gone."""
+    length = frame_length(_read_exactly(sock, _HEADER.size))
+    return decode(_read_exactly(sock, length), kind)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        chunks += chunk
+    return bytes(chunks)

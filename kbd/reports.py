@@ -1,0 +1,94 @@
+"""Human lines, JSON Lines, summary tables and JUnit XML from kernel records."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+
+from kbd.limits import format_size
+from kbd.outcome import Record
+
+OUTCOME_ORDER = (
+    "pass",
+    "xfail",
+    "mismatch",
+    "error",
+    "crash",
+    "timeout",
+    "memory",
+    "xpass",
+    "skipped",
+)
+
+
+def line(record: Record) -> str:
+    """One readable line: outcome, kernel, phase, time, peak memory, tolerance or message."""
+    detail = []
+    if record.tolerance is not None and record.outcome in ("pass", "mismatch", "xfail", "xpass"):
+        detail.append(f"tol {record.tolerance:g}")
+    if record.signal:
+        detail.append(record.signal)
+    if record.message and record.outcome != "pass":
+        detail.append(record.message)
+    return (
+        f"{record.outcome.upper():<8} {record.kernel}  [{record.phase}]  {record.wall_s:.2f}s  "
+        f"{format_size(record.peak_rss_bytes)}" + (f"  {'  '.join(detail)}" if detail else "")
+    )
+
+
+def json_line(record: Record) -> str:
+    return msgspec.json.encode(record).decode()
+
+
+def counts(records: list[Record]) -> str:
+    tally = Counter(r.outcome for r in records)
+    return ", ".join(f"{tally[o]} {o}" for o in OUTCOME_ORDER if tally[o])
+
+
+def summary(records: list[Record], wall_s: float | None = None) -> str:
+    """The end-of-run table: counts per outcome, then every kernel that did not pass."""
+    lines = [f"{len(records)} kernels: {counts(records) or 'none run'}"]
+    if wall_s is not None:
+        lines[0] += f" in {wall_s:.1f}s"
+    others = [r for r in records if r.outcome != "pass"]
+    if others:
+        width = max(len(r.kernel) for r in others)
+        lines.append("")
+        lines.append(f"{'outcome':<9}{'kernel':<{width + 2}}{'phase':<28}message")
+        for r in sorted(others, key=lambda r: (OUTCOME_ORDER.index(r.outcome), r.kernel)):
+            message = r.message if not r.signal else f"{r.signal}: {r.message}"
+            lines.append(f"{r.outcome:<9}{r.kernel:<{width + 2}}{r.phase:<28}{message[:160]}")
+    return "\n".join(lines)
+
+
+def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
+    """JUnit XML: one testcase per kernel; failures as <failure>, skips as <skipped>."""
+    failures = sum(1 for r in records if r.failed)
+    skipped = sum(1 for r in records if r.outcome in ("skipped", "xfail"))
+    root = ET.Element("testsuites")
+    suite_el = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(records)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(skipped),
+        time=f"{sum(r.wall_s for r in records):.3f}",
+    )
+    for r in records:
+        level, _, name = r.kernel.partition("/")
+        case = ET.SubElement(
+            suite_el, "testcase", classname=f"kbd.{level}", name=name, time=f"{r.wall_s:.3f}"
+        )
+        text = f"{r.outcome} in {r.phase}" + (f" ({r.signal})" if r.signal else "")
+        if r.failed:
+            failure = ET.SubElement(case, "failure", type=r.outcome, message=f"{text}: {r.message}")
+            failure.text = f"{text}\n{r.message}\nlog: {r.log}"
+        elif r.outcome in ("skipped", "xfail"):
+            ET.SubElement(case, "skipped", message=f"{text}: {r.message}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

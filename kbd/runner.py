@@ -1,0 +1,243 @@
+"""Run one kernel in a fresh worker, with a deadline and a memory watch, and classify its end.
+
+Supervisor side: no torch. Whatever the worker does (crash, hang, flood its output, send garbage,
+exit early), this returns a Record; only cancellation of the whole command propagates, and even
+then the worker's process group is killed and reaped first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import psutil
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from kbd import protocol
+from kbd.catalog import Entry
+from kbd.limits import WORKER_BASE_BYTES
+from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
+from kbd.protocol import Job, Phase, Result, WorkerMessage
+from kbd.spawner import Spawner, Worker
+
+LOG_CAP_BYTES = 32 << 20
+MEMORY_POLL_S = 0.1
+KILL_GRACE_S = 1.0
+DRAIN_GRACE_S = 2.0
+
+
+@dataclass
+class _State:
+    phase: str = "start"
+    result: Result | None = None
+    timed_out: bool = False
+    memory_killed: bool = False
+    peak_rss: int = 0
+    llvm_error: str | None = None
+    protocol_error: str | None = None
+    exit_code: int | None = None
+    exit_peak: int = 0
+    log_bytes: int = 0
+    events: list[str] = field(default_factory=list)
+
+
+async def run_kernel(
+    spawner: Spawner,
+    entry: Entry,
+    job: Job,
+    *,
+    timeout: float,
+    log_path: Path,
+    on_phase: Callable[[str, str], None] = lambda kernel, phase: None,
+    on_memory: Callable[[str, int], None] = lambda kernel, rss: None,
+) -> Record:
+    """Run `job` in a new worker and return its classified record."""
+    started = time.monotonic()
+    state = _State()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    worker = await spawner.spawn()
+    try:
+        with open(log_path, "wb") as log:
+            async with anyio.create_task_group() as drain_group:
+                drain_group.start_soon(_drain, worker.output_fd, log, state)
+                try:
+                    await _supervise(
+                        spawner, worker, entry, job, timeout, state, on_phase, on_memory
+                    )
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await _kill_and_reap(spawner, worker, state)
+                        with anyio.move_on_after(DRAIN_GRACE_S):
+                            await _wait_drained(state)
+                        drain_group.cancel_scope.cancel()
+    finally:
+        os.close(worker.output_fd)
+        with contextlib.suppress(OSError):
+            await worker.channel.aclose()
+    return _record(entry, job, state, time.monotonic() - started, timeout, log_path)
+
+
+async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_memory) -> None:
+    await worker.channel.send(protocol.encode(job))
+    with anyio.move_on_after(timeout) as deadline:
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                _watch_memory,
+                worker.pid,
+                job.limits.mem_limit,
+                state,
+                on_memory,
+                entry.name,
+                group.cancel_scope,
+            )
+            await _receive(worker, state, entry.name, on_phase)
+            if state.protocol_error is None:
+                exited = await spawner.wait(worker.pid)
+                state.exit_code = exited.returncode
+                state.exit_peak = exited.peak_rss_bytes
+            group.cancel_scope.cancel()
+    state.timed_out = deadline.cancelled_caught
+
+
+async def _receive(worker: Worker, state: _State, kernel: str, on_phase) -> None:
+    stream = BufferedByteReceiveStream(worker.channel)
+    try:
+        while state.result is None:
+            message = await protocol.receive(stream, WorkerMessage)
+            if isinstance(message, Phase):
+                state.phase = message.name
+                on_phase(kernel, message.name)
+            else:
+                state.result = message
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # died or closed the channel: the exit status tells why
+    except protocol.ProtocolError as exc:
+        state.protocol_error = str(exc)
+
+
+async def _watch_memory(pid, mem_limit, state, on_memory, kernel, scope) -> None:
+    """Sample the RSS of the worker's whole process tree; kill it past its limit.
+
+    RLIMIT_DATA inside the worker is the first line; this catches what it cannot see (child
+    processes, file-backed growth). RSS includes the template's shared pages, hence the slack.
+    """
+    threshold = None if mem_limit is None else mem_limit + WORKER_BASE_BYTES
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return
+    while True:
+        rss = _tree_rss(root)
+        state.peak_rss = max(state.peak_rss, rss)
+        on_memory(kernel, rss)
+        if threshold is not None and rss > threshold:
+            state.memory_killed = True
+            _killpg(pid, signal.SIGKILL)
+            scope.cancel()
+            return
+        await anyio.sleep(MEMORY_POLL_S)
+
+
+def _tree_rss(root: psutil.Process) -> int:
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        total += root.memory_info().rss
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+    return total
+
+
+async def _kill_and_reap(spawner: Spawner, worker: Worker, state: _State) -> None:
+    """Make sure the worker's group is dead and the worker reaped (TERM, grace, KILL)."""
+    if state.exit_code is not None:
+        return
+    _killpg(worker.pid, signal.SIGTERM)
+    with anyio.move_on_after(KILL_GRACE_S):
+        exited = await spawner.wait(worker.pid)
+        state.exit_code, state.exit_peak = exited.returncode, exited.peak_rss_bytes
+        return
+    _killpg(worker.pid, signal.SIGKILL)
+    with anyio.move_on_after(10):
+        exited = await spawner.wait(worker.pid)
+        state.exit_code, state.exit_peak = exited.returncode, exited.peak_rss_bytes
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _drain(fd: int, log, state: _State) -> None:
+    """Copy the worker's stdout/stderr into its log (capped) and spot `LLVM ERROR:` lines."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        if not chunk:
+            break
+        if state.log_bytes < LOG_CAP_BYTES:
+            kept = chunk[: LOG_CAP_BYTES - state.log_bytes]
+            log.write(kept)
+            if len(kept) < len(chunk):
+                log.write(b"\n[kbd] output truncated: log cap reached\n")
+            log.flush()
+        state.log_bytes += len(chunk)
+        if state.llvm_error is None:
+            pending = (pending + chunk)[-8192:]
+            match = LLVM_ERROR.search(pending.decode("utf-8", "replace"))
+            if match and "\n" in pending.decode("utf-8", "replace")[match.start() :]:
+                state.llvm_error = match.group(0).strip()
+    state.events.append("drained")
+
+
+async def _wait_drained(state: _State) -> None:
+    while "drained" not in state.events:
+        await anyio.sleep(0.02)
+
+
+def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Path) -> Record:
+    peak = max(state.peak_rss, state.exit_peak) or None
+    death = Death(
+        returncode=state.exit_code,
+        last_phase=state.phase,
+        timed_out=state.timed_out,
+        timeout_s=timeout,
+        memory_killed=state.memory_killed,
+        mem_limit=job.limits.mem_limit,
+        peak_rss_bytes=peak,
+        llvm_error=state.llvm_error,
+        protocol_error=state.protocol_error,
+    )
+    outcome, phase, sig, message = classify(state.result, death)
+    if outcome == "memory" and state.result is not None and job.limits.mem_limit:
+        message = f"{message} (limit {job.limits.mem_limit} bytes)"
+    final, note = expect(outcome, phase, message, entry.xfail)
+    result = state.result
+    limits = dict(result.limits_enforced) if result else {}
+    limits.setdefault("timeout", f"{timeout:g}s")
+    return Record(
+        kernel=entry.name,
+        outcome=final,
+        phase=phase,
+        signal=sig,
+        message=f"{message} [{note}]" if note else message,
+        wall_s=round(wall, 3),
+        peak_rss_bytes=peak,
+        tolerance=result.tolerance if result else None,
+        max_abs_error=result.max_abs_error if result else None,
+        max_rel_error=result.max_rel_error if result else None,
+        times=dict(result.times) if result else {},
+        limits=limits,
+        expected=str(entry.xfail) if entry.xfail else None,
+        log=str(log_path),
+    )

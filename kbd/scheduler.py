@@ -1,0 +1,163 @@
+"""Run many kernels on all cores: core slots, memory admission, ordering, Ctrl-C.
+
+One task group per sweep; each kernel runs in its own task with its own worker. Supervisor
+side: no torch.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from kbd.catalog import Entry
+from kbd.limits import format_size
+from kbd.outcome import Record
+from kbd.protocol import Job
+from kbd.runner import run_kernel
+from kbd.spawner import Spawner
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A kernel ready to run: its entry, its job and its predicted cost."""
+
+    entry: Entry
+    job: Job
+    memory: int  # predicted peak bytes
+    expected_s: float  # predicted wall time, for ordering
+
+
+@dataclass
+class Hooks:
+    """Callbacks for reporting; all are called from the event loop."""
+
+    started: Callable[[str], None] = lambda kernel: None
+    phase: Callable[[str, str], None] = lambda kernel, phase: None
+    memory: Callable[[str, int], None] = lambda kernel, rss: None
+    finished: Callable[[Record], None] = lambda record: None
+    notice: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
+
+
+@dataclass
+class _Memory:
+    budget: int
+    used: int = 0
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    async def acquire(self, amount: int) -> None:
+        while self.used + amount > self.budget and self.used > 0:
+            await self.changed.wait()
+        self.used += amount
+
+    def release(self, amount: int) -> None:
+        self.used -= amount
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+def core_slots(cores: list[int], jobs: int) -> list[tuple[int, ...]]:
+    """Split the usable cores into `jobs` disjoint slots (round-robin)."""
+    jobs = max(1, min(jobs, len(cores)))
+    return [tuple(cores[i::jobs]) for i in range(jobs)]
+
+
+def order(plans: list[Planned]) -> list[Planned]:
+    """Longest expected first, so a slow kernel does not start last and stretch the sweep."""
+    return sorted(plans, key=lambda p: (-p.expected_s, p.entry.kernel))
+
+
+async def execute(
+    spawner: Spawner,
+    plans: list[Planned],
+    *,
+    slots: list[tuple[int, ...]],
+    budget: int,
+    timeout: float,
+    log_dir: Path,
+    hooks: Hooks,
+) -> bool:
+    """Run every plan; returns False when the user interrupted before all had started."""
+    memory = _Memory(budget)
+    free_slots = list(slots)
+    slot_freed = anyio.Event()
+    stopping = anyio.Event()
+
+    async def run_one(plan: Planned, cores: tuple[int, ...]) -> None:
+        nonlocal slot_freed
+        job = _with_cores(plan.job, cores)
+        try:
+            hooks.started(plan.entry.name)
+            record = await run_kernel(
+                spawner,
+                plan.entry,
+                job,
+                timeout=timeout,
+                log_path=log_dir / (plan.entry.name.replace("/", "__") + ".log"),
+                on_phase=hooks.phase,
+                on_memory=hooks.memory,
+            )
+            hooks.finished(record)
+        finally:
+            memory.release(plan.memory)
+            free_slots.append(cores)
+            slot_freed.set()
+            slot_freed = anyio.Event()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_watch_interrupts, stopping, group.cancel_scope, hooks)
+        for plan in plans:
+            if plan.memory > budget:
+                hooks.finished(_skipped(plan, budget))
+                continue
+            while not free_slots and not stopping.is_set():
+                with anyio.move_on_after(0.5):
+                    await slot_freed.wait()
+            if stopping.is_set():
+                break
+            cores = free_slots.pop(0)
+            await memory.acquire(plan.memory)
+            group.start_soon(run_one, plan, cores)
+        completed = not stopping.is_set()
+        while len(free_slots) < len(slots):
+            await slot_freed.wait()
+        group.cancel_scope.cancel()
+    return completed
+
+
+async def _watch_interrupts(stopping: anyio.Event, scope: anyio.CancelScope, hooks: Hooks) -> None:
+    """First Ctrl-C: start nothing new, let running kernels finish. Second: kill them."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if not stopping.is_set() and signum == signal.SIGINT:
+                stopping.set()
+                hooks.notice(
+                    "kbd: interrupted; waiting for running kernels (Ctrl-C again to kill them)"
+                )
+                continue
+            hooks.notice("kbd: killing running kernels")
+            stopping.set()
+            scope.cancel()
+            return
+
+
+def _with_cores(job: Job, cores: tuple[int, ...]) -> Job:
+    return msgspec.structs.replace(job, limits=msgspec.structs.replace(job.limits, cores=cores))
+
+
+def _skipped(plan: Planned, budget: int) -> Record:
+    message = (
+        f"needs about {format_size(plan.memory)}, more than the memory budget {format_size(budget)}"
+    )
+    return Record(
+        kernel=plan.entry.name,
+        outcome="skipped",
+        phase="schedule",
+        message=message,
+        expected=str(plan.entry.xfail) if plan.entry.xfail else None,
+    )

@@ -1,0 +1,62 @@
+"""A worker's life after the template forked it: take the job, sandbox, run, report.
+
+stdout and stderr already point at the output pipe the supervisor drains into the kernel's log.
+The worker exits when the supervisor closes its socket (or dies): a watchdog thread waits for
+end-of-file and kills the worker's whole process group.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+
+import torch
+
+from kbd import protocol
+from kbd.protocol import Job, Phase
+from kbd.worker import job as job_runner
+from kbd.worker import sandbox
+
+LOG_FILE_LIMIT = 1 << 30  # any single file the kernel writes
+
+
+def main(sock: socket.socket, parent: int) -> int:
+    """Run one job received on `sock`; returns the exit status."""
+    sandbox.die_with_parent(parent)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    job: Job = protocol.receive_blocking(sock, Job)
+    enforced = _apply_limits(job)
+    threading.Thread(target=_exit_on_eof, args=(sock,), daemon=True).start()
+
+    def announce(phase: str) -> None:
+        print(f"[kbd] phase {phase}", file=sys.stderr, flush=True)
+        protocol.send_blocking(sock, Phase(phase))
+
+    result = job_runner.run(job, announce, enforced)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    protocol.send_blocking(sock, result)
+    return 0
+
+
+def _apply_limits(job: Job) -> dict[str, str]:
+    sandbox.disable_core_dumps()
+    sandbox.limit_file_size(LOG_FILE_LIMIT)
+    cores = sandbox.pin(job.limits.cores)
+    if job.limits.cores:
+        torch.set_num_threads(len(job.limits.cores))
+    memory = sandbox.limit_memory(job.limits.mem_limit)
+    return {"memory": memory, "cores": cores, "threads": str(torch.get_num_threads())}
+
+
+def _exit_on_eof(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    os.killpg(0, signal.SIGKILL)

@@ -1,0 +1,145 @@
+"""All MLIR access of kbd goes through this module.
+
+Today the bindings are the upstream MLIR Python bindings bundled in the torch-mlir wheel
+(`torch_mlir.ir`, `.passmanager`, `.dialects`, `.execution_engine`); swapping them for a
+standalone `mlir` package means changing the imports here and nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from torch_mlir import fx, ir, passmanager
+from torch_mlir.dialects import bufferization, func
+from torch_mlir.dialects.transform import interpreter
+from torch_mlir.execution_engine import ExecutionEngine
+from torch_mlir.runtime import get_ranked_memref_descriptor
+
+from kbd.protocol import Stage
+from kbd.worker import runtime
+
+ENTRY = "main"
+TRANSFORM_ENTRY = "__transform_main"
+
+
+@dataclass(frozen=True)
+class BufferType:
+    """Shape and element type (kbd name, e.g. 'f32') of one memref argument."""
+
+    dims: tuple[int, ...]
+    dtype: str
+
+
+def import_model(model, args: Sequence) -> ir.Module:
+    """Import a torch module into MLIR (linalg-on-tensors) with torch-mlir's FX importer."""
+    return fx.export_and_import(model, *args, output_type="linalg-on-tensors")
+
+
+def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[BufferType]]:
+    """Rewrite `@main(tensors) -> tensors` into `@main(out memrefs..., in memrefs...)`.
+
+    Inputs become `bufferization.to_tensor ... restrict`, each result is written with
+    `bufferization.materialize_in_destination` into its out-param, and the function gets
+    `llvm.emit_c_interface` so it can be called through the packed C interface.
+    Returns the (outputs, inputs) buffer types in call order.
+    """
+    with module.context, ir.Location.unknown():
+        old = _find_function(module, ENTRY)
+        inputs = list(old.type.inputs)
+        results = list(old.type.results)
+        for t in [*inputs, *results]:
+            if not isinstance(t, ir.RankedTensorType):
+                raise ValueError(f"@{ENTRY} has a non-tensor argument or result: {t}")
+        memrefs = [_memref_type(t) for t in [*results, *inputs]]
+        new = func.FuncOp(ENTRY + "_kbd", ir.FunctionType.get(memrefs, []), ip=_before(old))
+        block = new.add_entry_block()
+        old_block = old.entry_block
+        with ir.InsertionPoint(block):
+            for i, arg in enumerate(old_block.arguments):
+                tensor = bufferization.to_tensor(
+                    inputs[i], block.arguments[len(results) + i], restrict=True
+                )
+                arg.replace_all_uses_with(tensor)
+        for op in list(old_block.operations):
+            if op.name == "func.return":
+                with ir.InsertionPoint(block):
+                    for j, value in enumerate(op.operands):
+                        bufferization.materialize_in_destination(
+                            None, value, block.arguments[j], restrict=True, writable=True
+                        )
+                    func.ReturnOp([])
+                op.erase()
+            else:
+                op.detach_from_parent()
+                block.append(op)
+        old.erase()
+        new.attributes["sym_name"] = ir.StringAttr.get(ENTRY)
+        new.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        return [_buffer_type(t) for t in results], [_buffer_type(t) for t in inputs]
+
+
+def apply_stage(module: ir.Module, stage: Stage) -> None:
+    """Run one pipeline stage on the module in place; raises on a failing pass."""
+    with module.context:
+        if stage.kind == "pass":
+            pm = passmanager.PassManager.parse(f"builtin.module({stage.text})")
+            pm.run(module.operation)
+            return
+        script = ir.Module.parse(Path(stage.text).read_text())
+        entry = _find_named_sequence(script, stage.text)
+        interpreter.apply_named_sequence(module.operation, entry, script.operation)
+
+
+def module_text(module: ir.Module) -> str:
+    return str(module)
+
+
+class Compiled:
+    """A JIT-compiled module whose entry takes (outputs..., inputs...) as memrefs."""
+
+    def __init__(self, module: ir.Module, opt_level: int):
+        self._engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=[])
+        runtime.register(self._engine)
+        self._entry = self._engine.lookup(ENTRY)  # forces compilation now, not at first call
+
+    def __call__(self, buffers: Sequence[np.ndarray]) -> None:
+        descriptors = [get_ranked_memref_descriptor(b) for b in buffers]
+        packed = (ctypes.c_void_p * len(descriptors))()
+        pointers = [ctypes.pointer(d) for d in descriptors]
+        for i, ptr in enumerate(pointers):
+            packed[i] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
+        self._entry(packed)
+
+
+def _find_function(module: ir.Module, name: str) -> func.FuncOp:
+    for op in module.body.operations:
+        if isinstance(op.opview, func.FuncOp) and op.opview.sym_name.value == name:
+            return op.opview
+    raise ValueError(f"the imported module has no function @{name}")
+
+
+def _find_named_sequence(script: ir.Module, path: str):
+    for op in script.body.operations:
+        if op.operation.name != "transform.named_sequence":
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value == TRANSFORM_ENTRY:
+            return op
+    raise ValueError(f"{path}: no transform.named_sequence @{TRANSFORM_ENTRY}")
+
+
+def _before(op) -> ir.InsertionPoint:
+    return ir.InsertionPoint(op)
+
+
+def _memref_type(tensor_type) -> ir.MemRefType:
+    t = ir.RankedTensorType(tensor_type)
+    return ir.MemRefType.get(t.shape, t.element_type)
+
+
+def _buffer_type(tensor_type) -> BufferType:
+    t = ir.RankedTensorType(tensor_type)
+    return BufferType(tuple(t.shape), str(t.element_type))

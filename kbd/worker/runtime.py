@@ -1,0 +1,55 @@
+"""Runtime symbols that JIT-compiled code calls and the torch-mlir wheel does not ship.
+
+Upstream these live in libmlir_c_runner_utils, which the wheel lacks. Lowered code calls them by
+their plain C name (`memrefCopy`), so they are registered with `raw_register_runtime`; the
+convenience `register_runtime` would prepend `_mlir_ciface_` and never match.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+
+class _UnrankedMemRef(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int64), ("descriptor", ctypes.c_void_p)]
+
+
+def _strided_view(memref: _UnrankedMemRef, elem_size: int) -> np.ndarray:
+    """A numpy view (raw bytes per element) of a ranked memref descriptor.
+
+    Descriptor layout: allocated ptr, aligned ptr, offset, sizes[rank], strides[rank].
+    """
+    rank = memref.rank
+    fields = (ctypes.c_int64 * (3 + 2 * rank)).from_address(memref.descriptor)
+    aligned, offset = fields[1], fields[2]
+    sizes = tuple(fields[3 : 3 + rank])
+    strides = tuple(s * elem_size for s in fields[3 + rank : 3 + 2 * rank])
+    start = aligned + offset * elem_size
+    if 0 in sizes:
+        return np.empty(sizes, dtype=f"V{elem_size}")
+    span = elem_size + sum((n - 1) * abs(s) for n, s in zip(sizes, strides, strict=True))
+    lowest = start + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if s < 0)
+    raw = (ctypes.c_char * span).from_address(lowest)
+    first = np.frombuffer(raw, dtype=np.uint8)[start - lowest :].view(f"V{elem_size}")
+    return np.lib.stride_tricks.as_strided(first, shape=sizes, strides=strides)
+
+
+def _memref_copy(elem_size: int, src, dst) -> None:
+    source = _strided_view(src.contents, elem_size)
+    target = _strided_view(dst.contents, elem_size)
+    np.copyto(target, source)
+
+
+_MEMREF_COPY_TYPE = ctypes.CFUNCTYPE(
+    None, ctypes.c_int64, ctypes.POINTER(_UnrankedMemRef), ctypes.POINTER(_UnrankedMemRef)
+)
+# Module-level references keep the callbacks alive as long as any engine may call them.
+_SYMBOLS = {"memrefCopy": _MEMREF_COPY_TYPE(_memref_copy)}
+
+
+def register(engine) -> None:
+    """Make kbd's runtime symbols visible to code JIT-compiled by `engine`."""
+    for name, callback in _SYMBOLS.items():
+        engine.raw_register_runtime(name, ctypes.cast(callback, ctypes.c_void_p))
