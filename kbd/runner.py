@@ -21,7 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kbd import protocol
 from kbd.catalog import Entry
-from kbd.limits import WORKER_BASE_BYTES
+from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
 from kbd.protocol import Job, Phase, Result, WorkerMessage
 from kbd.spawner import Spawner, Worker
@@ -115,7 +115,12 @@ async def _receive(worker: Worker, state: _State, kernel: str, on_phase) -> None
                 on_phase(kernel, message.name)
             else:
                 state.result = message
-    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+    except (
+        anyio.EndOfStream,
+        anyio.IncompleteRead,
+        anyio.BrokenResourceError,
+        anyio.ClosedResourceError,
+    ):
         pass  # died or closed the channel: the exit status tells why
     except protocol.ProtocolError as exc:
         state.protocol_error = str(exc)
@@ -220,7 +225,7 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
     )
     outcome, phase, sig, message = classify(state.result, death)
     if outcome == "memory" and state.result is not None and job.limits.mem_limit:
-        message = f"{message} (limit {job.limits.mem_limit} bytes)"
+        message = f"{message} (limit {format_size(job.limits.mem_limit)})"
     final, note = expect(outcome, phase, message, entry.xfail)
     result = state.result
     limits = dict(result.limits_enforced) if result else {}

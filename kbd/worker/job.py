@@ -134,6 +134,10 @@ def _failure(exc: BaseException, step: _Step, limits_enforced: dict[str, str]) -
 
 
 def _first_line(exc: BaseException) -> str:
+    """The exception's first non-empty line; for MLIR, its first `error:` diagnostic."""
     text = str(exc).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = next((line for line in lines if line.startswith("error:")), lines[0] if lines else "")
+    if isinstance(exc, mlir.StageError):
+        return first
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -8,6 +8,7 @@ standalone `mlir` package means changing the imports here and nothing else.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,20 +83,48 @@ def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[Buf
         return [_buffer_type(t) for t in results], [_buffer_type(t) for t in inputs]
 
 
+class StageError(Exception):
+    """A pipeline stage failed; the message is MLIR's first error diagnostic."""
+
+
 def apply_stage(module: ir.Module, stage: Stage) -> None:
-    """Run one pipeline stage on the module in place; raises on a failing pass."""
-    with module.context:
-        if stage.kind == "pass":
-            pm = passmanager.PassManager.parse(f"builtin.module({stage.text})")
-            pm.run(module.operation)
-            return
-        script = ir.Module.parse(Path(stage.text).read_text())
-        entry = _find_named_sequence(script, stage.text)
-        interpreter.apply_named_sequence(module.operation, entry, script.operation)
+    """Run one pipeline stage on the module in place; raises StageError on a failing pass."""
+    with _Diagnostics(module.context) as diagnostics:
+        try:
+            with module.context:
+                if stage.kind == "pass":
+                    pm = passmanager.PassManager.parse(f"builtin.module({stage.text})")
+                    pm.run(module.operation)
+                    return
+                script = ir.Module.parse(Path(stage.text).read_text())
+                entry = _find_named_sequence(script, stage.text)
+                interpreter.apply_named_sequence(module.operation, entry, script.operation)
+        except ir.MLIRError as exc:
+            raise StageError(diagnostics.first_error() or str(exc)) from None
 
 
-def module_text(module: ir.Module) -> str:
-    return str(module)
+class _Diagnostics:
+    """Collects a context's error diagnostics while active; each is also printed to the log."""
+
+    def __init__(self, context: ir.Context):
+        self._context = context
+        self.errors: list[str] = []
+
+    def __enter__(self) -> _Diagnostics:
+        self._handler = self._context.attach_diagnostic_handler(self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handler.detach()
+
+    def _handle(self, diagnostic) -> bool:
+        print(f"{diagnostic.location}: {diagnostic.message}", file=sys.stderr, flush=True)
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
+            self.errors.append(f"error: {diagnostic.message}")
+        return True
+
+    def first_error(self) -> str | None:
+        return self.errors[0] if self.errors else None
 
 
 class Compiled:

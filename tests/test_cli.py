@@ -1,0 +1,131 @@
+"""The command line as a user meets it: help, bad input (exit 2), and the CI kernels."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, fixture_args, json_records, kbd
+from tests.conftest import needs_kernelbench
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["sweep"], ["results"], ["sweeps"]])
+def test_help_does_not_import_torch(command):
+    code = (
+        "import sys\n"
+        "from kbd.cli import main\n"
+        "try:\n"
+        f"    main({[*command, '--help']!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert 'torch_mlir' not in sys.modules, 'torch_mlir imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "usage: kbd" in result.stdout
+
+
+def test_supervisor_modules_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "import kbd.cli, kbd.commands, kbd.history, kbd.scheduler, kbd.runner, kbd.store\n"
+        "import kbd.reports, kbd.progress, kbd.catalog, kbd.descriptor, kbd.spawner\n"
+        "bad = [m for m in ('torch', 'torch_mlir', 'numpy') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_run_help_explains_options(tmp_path):
+    result = kbd("run", "--help", cwd=tmp_path)
+    for option in ("--levels", "--kernelbench", "--pipeline", "--timeout", "--mem-limit", "--json"):
+        assert option in result.stdout
+
+
+def test_missing_kernelbench(tmp_path):
+    result = kbd("run", "--kernelbench", str(tmp_path / "nowhere"), "level1/", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "git submodule update --init" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_kernelbench_from_environment(tmp_path):
+    env = {"KBD_KERNELBENCH": str(tmp_path / "nope"), "PATH": "/usr/bin:/bin"}
+    result = kbd("run", "--levels", str(FIXTURE_LEVELS), "level1/1_", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert "KBD_KERNELBENCH" in result.stderr
+
+
+def test_unknown_kernel(tmp_path):
+    result = kbd("run", *fixture_args("level7/"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "'level7/'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("- kernel: level1/1_matmul.py\n  input_shapes: [4x4\n", "malformed YAML"),
+        ("- kernel: level1/1_matmul.py\n  colour: red\n", "unknown field 'colour'"),
+        ("- kernel: level1/1_matmul.py\n  input_shapes: [4x4]\n", "initializations"),
+        ("- kernel: level1/404_nothing.py\n", "does not exist"),
+        ("kernel: level1/1_matmul.py\n", "list of entries"),
+    ],
+)
+def test_bad_levels_file(tmp_path, text, expected):
+    levels = tmp_path / "bad.yaml"
+    levels.write_text(text)
+    result = kbd("run", "--kernelbench", str(FIXTURE_KB), "--levels", str(levels), cwd=tmp_path)
+    assert result.returncode == 2
+    assert str(levels) in result.stderr and expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (["--mem-limit", "lots"], "--mem-limit"),
+        (["--timeout", "0"], "--timeout"),
+        (["-j", "0"], "--jobs"),
+        (["--pipeline", "no-such.yaml"], "no-such.yaml"),
+        (["--pipeline", "gen.py"], ".mlir"),
+    ],
+)
+def test_bad_options(tmp_path, option, expected):
+    result = kbd("run", *fixture_args("level1/1_", *option), cwd=tmp_path)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_pipeline_override_with_transform(tmp_path):
+    """A user pipeline with a transform script tiles the matmul and still matches eager."""
+    result = kbd(
+        "run", *fixture_args("level1/1_", "--json", "--pipeline", "tiled-lowering"), cwd=tmp_path
+    )
+    record = json_records(result.stdout)["level1/1_matmul"]
+    assert record["outcome"] == "pass", record
+
+
+def test_failing_pass_is_an_error_in_its_phase(tmp_path):
+    """Lowering to LLVM without bufferizing first fails in that pass, not in the supervisor."""
+    result = kbd(
+        "run", *fixture_args("level1/1_", "--json", "--pipeline", "llvm-lowering"), cwd=tmp_path
+    )
+    record = json_records(result.stdout)["level1/1_matmul"]
+    assert record["outcome"] in ("error", "crash"), record
+    assert record["phase"].startswith(("pipeline:", "jit")), record
+    assert result.returncode == 1
+
+
+@needs_kernelbench
+def test_ci_kernels_pass_on_real_kernelbench(tmp_path):
+    result = kbd("run", "--levels", str(ROOT / "levels" / "ci.yaml"), "--json", cwd=tmp_path)
+    records = json_records(result.stdout)
+    assert len(records) == 5
+    assert {r["outcome"] for r in records.values()} == {"pass"}, result.stdout
+    assert result.returncode == 0

@@ -1,0 +1,91 @@
+"""Every fixture kernel, correct or faulty, gets its right outcome in one `-j 2` invocation."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import fixture_args, json_records, kbd
+
+EXPECTED = {
+    "level1/1_matmul": ("pass", "check", None),
+    "level1/2_relu_scale": ("pass", "check", None),
+    "level1/3_sum_reduction": ("pass", "check", None),
+    "level1/4_conv2d": ("pass", "check", None),
+    "level1/5_cross_entropy": ("pass", "check", None),
+    "level9/1_mismatch": ("mismatch", "check", None),
+    "level9/2_raise": ("error", "reference", None),
+    "level9/3_segfault": ("crash", "reference", "SIGSEGV"),
+    "level9/4_llvm_abort": ("crash", "reference", "SIGABRT"),
+    "level9/5_early_exit": ("error", "reference", None),
+    "level9/6_hang": ("timeout", "reference", None),
+    "level9/7_stdout_flood": ("pass", "check", None),
+    "level9/8_memory_hog": ("memory", "reference", None),
+    "level9/9_orphan": ("pass", "check", None),
+    "level9/10_protocol_garbage": ("error", "reference", None),
+}
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("zoo")
+    args = fixture_args("--json", "-j", "2", "--timeout", "10", "--mem-limit", "2GiB")
+    result = kbd("run", *args, cwd=cwd)
+    return result, json_records(result.stdout), cwd
+
+
+def test_every_kernel_is_reported(zoo):
+    result, records, _ = zoo
+    assert set(records) == set(EXPECTED), result.stderr
+    assert result.returncode == 1  # some kernels failed unexpectedly
+
+
+@pytest.mark.parametrize("kernel", sorted(EXPECTED))
+def test_outcome(zoo, kernel):
+    _, records, _ = zoo
+    outcome, phase, signal = EXPECTED[kernel]
+    record = records[kernel]
+    assert (record["outcome"], record["phase"], record["signal"]) == (outcome, phase, signal), (
+        record
+    )
+
+
+def test_json_fields(zoo):
+    _, records, _ = zoo
+    for record in records.values():
+        for field in ("kernel", "outcome", "phase", "signal", "message", "wall_s"):
+            assert field in record
+        assert record["peak_rss_bytes"] > 0
+
+
+def test_messages_explain_failures(zoo):
+    _, records, _ = zoo
+    assert records["level9/4_llvm_abort"]["message"].startswith("LLVM ERROR: SmallVector")
+    assert "fixture kernel refuses to run" in records["level9/2_raise"]["message"]
+    assert "status 0" in records["level9/5_early_exit"]["message"]
+    assert "passes at" in records["level9/1_mismatch"]["message"]
+    assert records["level9/1_mismatch"]["tolerance"] == 1.0
+    assert "2.0 GiB" in records["level9/8_memory_hog"]["message"]
+    assert "10 s" in records["level9/6_hang"]["message"]
+
+
+def test_limits_are_recorded(zoo):
+    _, records, _ = zoo
+    limits = records["level1/1_matmul"]["limits"]
+    assert limits["memory"] == f"RLIMIT_DATA={2 << 30}"
+    assert limits["threads"] == "1"
+    assert limits["timeout"] == "10s"
+
+
+def test_flood_log_is_capped(zoo):
+    _, records, cwd = zoo
+    log = cwd / records["level9/7_stdout_flood"]["log"]
+    size = log.stat().st_size
+    assert 30 << 20 < size < 33 << 20
+    assert log.read_bytes().endswith(b"[kbd] output truncated: log cap reached\n")
+
+
+def test_no_orphans_survive(zoo):
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "sleep 86400.123" not in ps
