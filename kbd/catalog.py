@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import operator
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,19 @@ FIELDS = {
     "xfail",
 }
 XFAIL_FIELDS = {"outcome", "phase", "message"}
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML without YAML 1.1's hex, octal and sexagesimal integers: `0x10` is a shape string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9_]*)$"), list("-+0123456789")
+)
 
 
 class Expectation(msgspec.Struct, frozen=True):
@@ -119,7 +133,7 @@ def load_file(path: Path) -> list[Entry]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read levels file ({exc.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -163,7 +177,7 @@ def _entry(path: Path, index: int, raw: Any) -> Entry:
     where = f"{path}: {kernel}"
     unknown = set(raw) - FIELDS
     if unknown:
-        raise InputError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+        raise InputError(f"{where}: unknown field {sorted(map(str, unknown))[0]!r}")
     dtype = raw.get("dtype", "f32")
     if dtype not in DTYPE_BYTES:
         raise InputError(f"{where}: field 'dtype': unknown type {dtype!r}")
@@ -230,7 +244,7 @@ def _init_args(value: Any, where: str) -> Any:
     if isinstance(value, str):
         try:
             value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise InputError(
                 f"{where}: field 'init_args' {value!r} is not a literal like (128,[128],128)"
             ) from None
@@ -261,12 +275,15 @@ def _gflops(value: Any, where: str) -> float | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
-            return _ARITHMETIC[type(node.op)](evaluate(node.left), evaluate(node.right))
+            left, right = evaluate(node.left), evaluate(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError  # 9**9**9 would never finish
+            return float(_ARITHMETIC[type(node.op)](left, right))
         raise ValueError
 
     try:
         return float(evaluate(ast.parse(str(value), mode="eval").body))
-    except (ValueError, SyntaxError, ZeroDivisionError):
+    except (ValueError, SyntaxError, ZeroDivisionError, OverflowError):
         raise InputError(
             f"{where}: field 'gflops' {value!r} is not a number or arithmetic"
         ) from None
@@ -286,7 +303,7 @@ def _xfail(value: Any, where: str) -> Expectation | None:
         raise InputError(f"{where}: field 'xfail' must be a mapping with at least 'outcome'")
     unknown = set(value) - XFAIL_FIELDS
     if unknown:
-        raise InputError(f"{where}: field 'xfail' has unknown key {sorted(unknown)[0]!r}")
+        raise InputError(f"{where}: field 'xfail' has unknown key {sorted(map(str, unknown))[0]!r}")
     if value["outcome"] not in FAILURES:
         raise InputError(
             f"{where}: xfail outcome {value['outcome']!r} is not one of {', '.join(FAILURES)}"

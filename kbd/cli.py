@@ -7,6 +7,7 @@ unexpectedly (or an expected failure passed), 2 for usage and input errors.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kbd import __version__
@@ -216,3 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kbd: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `kbd results | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED

@@ -44,7 +44,7 @@ def parse_size(text: str, option: str) -> int:
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
         raise InputError(f"{option}: {text!r} is not a size like 2GiB, 512M or 1000000")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    value = round(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise InputError(f"{option}: size must be positive")
     return value

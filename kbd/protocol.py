@@ -176,7 +176,10 @@ def frame_length(header: bytes) -> int:
 
 
 async def receive(stream: Any, kind: Any) -> Any:
-    """Read one frame from an anyio BufferedByteReceiveStream; EndOfStream propagates."""
+    """Read one frame from an anyio BufferedByteReceiveStream.
+
+    A stream that ends before or inside a frame raises anyio.IncompleteRead.
+    """
     length = frame_length(await stream.receive_exactly(_HEADER.size))
     return decode(await stream.receive_exactly(length), kind)
 

@@ -104,6 +104,8 @@ def validate(shape: Shape, where: str) -> None:
         raise InputError(
             f"{where}: unknown initialization {shape.init!r} (known: {', '.join(INITS)}, rndN)"
         )
+    if int_range(shape.init) == 0:
+        raise InputError(f"{where}: {shape.init!r} is an empty range")
     if int_range(shape.init) is not None and shape.dtype in FLOAT_TYPES:
         raise InputError(f"{where}: {shape.init!r} needs an integer element type")
     if shape.init == "id" and (len(shape.dims) != 2 or shape.dims[0] != shape.dims[1]):

@@ -7,8 +7,15 @@ import sys
 
 import pytest
 
-from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, fixture_args, json_records, kbd
-from tests.conftest import needs_kernelbench
+from tests.conftest import (
+    FIXTURE_KB,
+    FIXTURE_LEVELS,
+    ROOT,
+    fixture_args,
+    json_records,
+    kbd,
+    needs_kernelbench,
+)
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["sweep"], ["results"], ["sweeps"]])

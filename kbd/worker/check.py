@@ -78,10 +78,13 @@ def _errors(ref: list[np.ndarray], out: list[np.ndarray]) -> tuple[float, float]
     for r, a in zip(ref, out, strict=True):
         if r.size == 0:
             continue
-        both_nan = np.isnan(r) & np.isnan(a)
-        diff = np.where(both_nan, 0.0, np.abs(a - r))
+        same = (a == r) | (np.isnan(r) & np.isnan(a))  # equal infinities, NaN == NaN
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(a - r))
         diff = np.where(np.isnan(diff), np.inf, diff)
         max_abs = max(max_abs, float(diff.max()))
-        rel = diff / np.maximum(np.abs(r), np.finfo(np.float64).tiny)
+        scale = np.where(np.isfinite(r), np.abs(r), np.inf)
+        with np.errstate(invalid="ignore"):
+            rel = np.where(same, 0.0, diff / np.maximum(scale, np.finfo(np.float64).tiny))
         max_rel = max(max_rel, float(np.nan_to_num(rel, nan=np.inf).max()))
     return max_abs, max_rel

@@ -1,0 +1,132 @@
+"""The memrefCopy runtime symbol, called through its ctypes callback with real descriptors."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from kbd.worker import runtime
+
+COPY = runtime._SYMBOLS["memrefCopy"]
+
+
+class MemRef:
+    """A ranked memref descriptor over `base`'s buffer, wrapped as an unranked memref.
+
+    offset, sizes and strides are in elements, as MLIR lays them out. Keeps the descriptor
+    alive as long as the wrapper.
+    """
+
+    def __init__(self, base: np.ndarray, offset: int, sizes, strides):
+        assert len(sizes) == len(strides)
+        self.base = base
+        pointer = base.ctypes.data
+        fields = [pointer, pointer, offset, *sizes, *strides]
+        self.ranked = (ctypes.c_int64 * len(fields))(*fields)
+        self.unranked = runtime._UnrankedMemRef(len(sizes), ctypes.addressof(self.ranked))
+
+    @classmethod
+    def of(cls, view: np.ndarray, base: np.ndarray) -> MemRef:
+        """A descriptor of `view`, a view into the contiguous array `base`."""
+        item = base.itemsize
+        offset, rest = divmod(view.ctypes.data - base.ctypes.data, item)
+        assert rest == 0
+        strides = []
+        for stride in view.strides:
+            assert stride % item == 0
+            strides.append(stride // item)
+        return cls(base, offset, view.shape, strides)
+
+
+def copy(src: MemRef, dst: MemRef, elem_size: int) -> None:
+    COPY(elem_size, ctypes.byref(src.unranked), ctypes.byref(dst.unranked))
+
+
+def contiguous(array: np.ndarray) -> MemRef:
+    assert array.flags.c_contiguous
+    return MemRef.of(array, array)
+
+
+def test_contiguous_2d_f32():
+    src = np.arange(12, dtype=np.float32).reshape(3, 4) * 1.5
+    dst = np.zeros_like(src)
+    copy(contiguous(src), contiguous(dst), 4)
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_contiguous_f64_and_i8():
+    src = np.random.default_rng(0).standard_normal((5, 2, 3))
+    dst = np.zeros_like(src)
+    copy(contiguous(src), contiguous(dst), 8)
+    np.testing.assert_array_equal(dst, src)
+    small = np.arange(-5, 5, dtype=np.int8)
+    out = np.zeros_like(small)
+    copy(contiguous(small), contiguous(out), 1)
+    np.testing.assert_array_equal(out, small)
+
+
+def test_transposed_source_into_contiguous_destination():
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    source = base.T  # sizes (4, 3), strides (1, 4) elements
+    dst = np.zeros((4, 3), dtype=np.float32)
+    copy(MemRef.of(source, base), contiguous(dst), 4)
+    np.testing.assert_array_equal(dst, base.T)
+
+
+def test_sliced_source_with_offset():
+    base = np.arange(30, dtype=np.float32).reshape(5, 6)
+    source = base[1:4, 2:5]
+    memref = MemRef.of(source, base)
+    assert list(memref.ranked) == [base.ctypes.data, base.ctypes.data, 8, 3, 3, 6, 1]
+    dst = np.zeros((3, 3), dtype=np.float32)
+    copy(memref, contiguous(dst), 4)
+    np.testing.assert_array_equal(dst, base[1:4, 2:5])
+
+
+def test_strided_destination_with_offset():
+    src = np.arange(6, dtype=np.float32).reshape(2, 3) + 100
+    base = np.zeros((4, 8), dtype=np.float32)
+    target = base[1:3, 1:7:2]
+    copy(contiguous(src), MemRef.of(target, base), 4)
+    expected = np.zeros((4, 8), dtype=np.float32)
+    expected[1:3, 1:7:2] = src
+    np.testing.assert_array_equal(base, expected)
+
+
+def test_negative_stride_source():
+    base = np.arange(12, dtype=np.float32).reshape(4, 3)
+    source = base[::-1, ::-1]
+    dst = np.zeros((4, 3), dtype=np.float32)
+    copy(MemRef(base, 11, (4, 3), (-3, -1)), contiguous(dst), 4)
+    np.testing.assert_array_equal(dst, source)
+
+
+def test_broadcast_source_stride_zero():
+    base = np.array([7.0, 8.0, 9.0], dtype=np.float32)
+    dst = np.zeros((4, 3), dtype=np.float32)
+    copy(MemRef(base, 0, (4, 3), (0, 1)), contiguous(dst), 4)
+    np.testing.assert_array_equal(dst, np.broadcast_to(base, (4, 3)))
+
+
+def test_zero_dimensional():
+    base = np.arange(5, dtype=np.float64)
+    dst = np.zeros((), dtype=np.float64)
+    copy(MemRef(base, 3, (), ()), MemRef(dst, 0, (), ()), 8)
+    assert dst[()] == 3.0
+
+
+def test_empty():
+    src = np.zeros((0, 4), dtype=np.float32)
+    dst = np.full((1,), 5.0, dtype=np.float32)  # a real buffer that must stay untouched
+    copy(MemRef(src, 0, (0, 4), (4, 1)), MemRef(dst, 0, (0, 4), (4, 1)), 4)
+    assert dst[0] == 5.0
+
+
+@pytest.mark.parametrize("elem_size", [2, 4, 8])
+def test_copies_raw_bytes_of_any_element_size(elem_size):
+    src = np.frombuffer(bytes(range(24)), dtype=f"V{elem_size}").copy()
+    dst = np.zeros_like(src)
+    copy(contiguous(src), contiguous(dst), elem_size)
+    assert dst.tobytes() == src.tobytes()
