@@ -97,7 +97,9 @@ def run_or_sweep(args: Namespace) -> int:
     cores_per_worker = len(slots[0])
     env = {**os.environ, **limits.thread_env(cores_per_worker), "PYTHONFAULTHANDLER": "1"}
     try:
-        completed = anyio.run(_execute, env, log_dir, plans, slots, budget, args.timeout, hooks)
+        completed = anyio.run(
+            _execute, env, log_dir, plans, slots, budget, args.timeout, hooks, progress
+        )
     except TemplateError as exc:
         progress.close()
         print(f"kbd: error: {exc}", file=sys.stderr)
@@ -123,9 +125,14 @@ def run_or_sweep(args: Namespace) -> int:
     return 1 if any(r.failed for r in records) else 0
 
 
-async def _execute(env, log_dir, plans, slots, budget, timeout, hooks) -> bool:
-    async with Spawner.started(env, log_dir / "template.log") as spawner:
-        return await scheduler.execute(
+async def _execute(env, log_dir, plans, slots, budget, timeout, hooks, progress) -> bool:
+    async with (
+        Spawner.started(env, log_dir / "template.log") as spawner,
+        anyio.create_task_group() as group,
+    ):
+        if progress.live:
+            group.start_soon(_tick, progress)
+        completed = await scheduler.execute(
             spawner,
             plans,
             slots=slots,
@@ -134,6 +141,15 @@ async def _execute(env, log_dir, plans, slots, budget, timeout, hooks) -> bool:
             log_dir=log_dir,
             hooks=hooks,
         )
+        group.cancel_scope.cancel()
+        return completed
+
+
+async def _tick(progress: Progress) -> None:
+    """Redraw the live display so elapsed times and memory keep moving."""
+    while True:
+        await anyio.sleep(0.5)
+        progress.render()
 
 
 def _plan(args: Namespace, store: Store | None):

@@ -1,0 +1,97 @@
+"""Expected failures: recorded from a sweep's evidence, then honoured by later runs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from kbd import catalog
+from kbd.catalog import Expectation
+from kbd.outcome import Record
+from kbd.store import Store
+from tests.conftest import FIXTURE_KB, ROOT, json_records, kbd
+
+spec = importlib.util.spec_from_file_location("update_xfail", ROOT / "scripts" / "update_xfail.py")
+update_xfail = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(update_xfail)
+
+LEVELS = """\
+# header comment
+- kernel: level1/1_matmul.py
+  input_shapes: [32x48, 48x16]
+  initializations: [rnd, rnd]
+# a comment about the next entry
+- kernel: level9/2_raise.py
+  xfail: {outcome: crash, phase: load}
+- kernel: level9/3_segfault.py
+- kernel: level9/6_hang.py
+  warning: slow
+"""
+
+
+def _sweep(db: Path, records: list[Record]) -> None:
+    store = Store(db)
+    sweep = store.create_sweep("kbd sweep", {}, [r.kernel for r in records], "hash")
+    for record in records:
+        store.add_attempt(sweep, "hash", record)
+    store.close()
+
+
+def test_records_evidence_and_drops_stale_keys(tmp_path):
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(LEVELS)
+    db = tmp_path / "results.db"
+    _sweep(db, [
+        Record(kernel="level1/1_matmul", outcome="pass", phase="check"),
+        Record(kernel="level9/2_raise", outcome="error", phase="reference",
+               message="RuntimeError: no\nsecond line [expected crash / load]"),
+        Record(kernel="level9/3_segfault", outcome="crash", phase="reference", signal="SIGSEGV",
+               message="worker killed by SIGSEGV"),
+    ])  # fmt: skip
+    assert update_xfail.main(["--db", str(db), "--levels", str(levels)]) == 0
+    text = levels.read_text()
+    assert "# a comment about the next entry\n- kernel: level9/2_raise.py" in text
+    entries = {e.kernel: e for e in catalog.load_file(levels)}
+    assert entries["level1/1_matmul.py"].xfail is None
+    assert entries["level9/2_raise.py"].xfail == Expectation(
+        "error", "reference", "RuntimeError: no"
+    )
+    assert entries["level9/3_segfault.py"].xfail == Expectation(
+        "crash", "reference", "worker killed by SIGSEGV"
+    )
+    assert entries["level9/6_hang.py"].xfail is None  # not in the sweep: untouched
+    assert entries["level9/6_hang.py"].warning == "slow"
+    # Idempotent: the same evidence gives the same file.
+    update_xfail.main(["--db", str(db), "--levels", str(levels)])
+    assert levels.read_text() == text
+
+
+def test_xfail_xpass_and_different_failure(tmp_path):
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(
+        "- kernel: level1/1_matmul.py\n"
+        "  xfail: {outcome: crash}\n"
+        "- kernel: level9/2_raise.py\n"
+        "  xfail: {outcome: error, phase: reference, message: 'RuntimeError: fixture'}\n"
+        "- kernel: level9/3_segfault.py\n"
+        "  xfail: {outcome: error, phase: reference}\n"
+    )
+    result = kbd("run", "--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "--json",
+                 cwd=tmp_path)  # fmt: skip
+    records = json_records(result.stdout)
+    assert records["level1/1_matmul"]["outcome"] == "xpass"
+    assert records["level9/2_raise"]["outcome"] == "xfail"
+    assert records["level9/3_segfault"]["outcome"] == "crash"
+    assert "expected error / reference" in records["level9/3_segfault"]["message"]
+    assert result.returncode == 1
+
+
+def test_only_expected_failures_exit_zero(tmp_path):
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(
+        "- kernel: level9/3_segfault.py\n"
+        "  xfail: {outcome: crash, phase: reference, message: worker killed by SIGSEGV}\n"
+    )
+    result = kbd("run", "--kernelbench", str(FIXTURE_KB), "--levels", str(levels), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert "1 xfail" in result.stdout
