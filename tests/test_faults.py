@@ -1,8 +1,9 @@
-"""Every fixture kernel, correct or faulty, gets its right outcome in one `-j 2` invocation."""
+"""Every fixture kernel, correct or faulty, gets its right outcome in one `-j 2` sweep."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -31,8 +32,14 @@ EXPECTED = {
 def zoo(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("zoo")
     args = fixture_args("--json", "-j", "2", "--timeout", "10", "--mem-limit", "2GiB")
-    result = kbd("run", *args, cwd=cwd)
-    return result, json_records(result.stdout), cwd
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kbd", "sweep", *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    stdout, stderr = process.communicate(timeout=300)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    result.pid = process.pid
+    return result, json_records(stdout), cwd
 
 
 def test_every_kernel_is_reported(zoo):
@@ -87,5 +94,16 @@ def test_flood_log_is_capped(zoo):
 
 
 def test_no_orphans_survive(zoo):
+    """Neither the orphan fixture's children nor any kbd process outlive the sweep."""
+    result, _, _ = zoo
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "sleep 86400.123" not in ps
+    assert not [line for line in ps.splitlines() if line.endswith(f" {result.pid}")]
+
+
+def test_sweep_is_stored(zoo):
+    _, records, cwd = zoo
+    stored = json_records(kbd("results", "--json", cwd=cwd).stdout)
+    assert {k: r["outcome"] for k, r in stored.items()} == {
+        k: r["outcome"] for k, r in records.items()
+    }
