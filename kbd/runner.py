@@ -44,7 +44,7 @@ class _State:
     exit_code: int | None = None
     exit_peak: int = 0
     log_bytes: int = 0
-    events: list[str] = field(default_factory=list)
+    drained: anyio.Event = field(default_factory=anyio.Event)
 
 
 async def run_kernel(
@@ -74,7 +74,7 @@ async def run_kernel(
                     with anyio.CancelScope(shield=True):
                         await _kill_and_reap(spawner, worker, state)
                         with anyio.move_on_after(DRAIN_GRACE_S):
-                            await _wait_drained(state)
+                            await state.drained.wait()
                         drain_group.cancel_scope.cancel()
     finally:
         os.close(worker.output_fd)
@@ -202,12 +202,7 @@ async def _drain(fd: int, log, state: _State) -> None:
             match = LLVM_ERROR.search(pending.decode("utf-8", "replace"))
             if match and "\n" in pending.decode("utf-8", "replace")[match.start() :]:
                 state.llvm_error = match.group(0).strip()
-    state.events.append("drained")
-
-
-async def _wait_drained(state: _State) -> None:
-    while "drained" not in state.events:
-        await anyio.sleep(0.02)
+    state.drained.set()
 
 
 def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Path) -> Record:
@@ -228,8 +223,9 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
         message = f"{message} (limit {format_size(job.limits.mem_limit)})"
     final, note = expect(outcome, phase, message, entry.xfail)
     result = state.result
-    limits = dict(result.limits_enforced) if result else {}
-    limits.setdefault("timeout", f"{timeout:g}s")
+    limits = _limits(job, timeout)
+    if result is not None:
+        limits.update(result.limits_enforced)  # what the worker confirmed it applied
     return Record(
         kernel=entry.name,
         outcome=final,
@@ -246,3 +242,14 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
         expected=str(entry.xfail) if entry.xfail else None,
         log=str(log_path),
     )
+
+
+def _limits(job: Job, timeout: float) -> dict[str, str]:
+    """The limits this kernel ran under, as set up for it (the worker confirms its part)."""
+    mem = job.limits.mem_limit
+    return {
+        "memory": f"RLIMIT_DATA={mem}" if mem is not None else "none",
+        "rss_watch": f"{mem + WORKER_BASE_BYTES}" if mem is not None else "none",
+        "cores": ",".join(map(str, job.limits.cores)) or "all",
+        "timeout": f"{timeout:g}s",
+    }
