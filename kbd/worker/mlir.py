@@ -18,10 +18,11 @@ from torch_mlir import fx, ir, passmanager
 from torch_mlir.dialects import bufferization, func
 from torch_mlir.dialects.transform import interpreter
 from torch_mlir.execution_engine import ExecutionEngine
+from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 from torch_mlir.runtime import get_ranked_memref_descriptor
 
 from kbd.protocol import Stage
-from kbd.worker import runtime
+from kbd.worker import decompositions, runtime
 
 ENTRY = "main"
 TRANSFORM_ENTRY = "__transform_main"
@@ -36,8 +37,12 @@ class BufferType:
 
 
 def import_model(model, args: Sequence) -> ir.Module:
-    """Import a torch module into MLIR (linalg-on-tensors) with torch-mlir's FX importer."""
-    return fx.export_and_import(model, *args, output_type="linalg-on-tensors")
+    """Import a torch module into MLIR (linalg-on-tensors) with torch-mlir's FX importer,
+    applying torch-mlir's decompositions plus kbd's (see kbd.worker.decompositions)."""
+    table = {**get_decomposition_table(), **decompositions.TABLE}
+    return fx.export_and_import(
+        model, *args, output_type="linalg-on-tensors", decomposition_table=table
+    )
 
 
 def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[BufferType]]:
