@@ -106,8 +106,8 @@ def kernelbench_root(option: str | None) -> Path:
 
 
 def default_levels_files() -> list[Path]:
-    """Every levels file except ci.yaml, which is selected explicitly."""
-    return sorted(p for p in LEVELS_DIR.glob("*.yaml") if p.name != "ci.yaml")
+    """The whole catalog: levels/level*.yaml (ci.yaml is selected with --levels)."""
+    return sorted(LEVELS_DIR.glob("level*.yaml"))
 
 
 def load(files: list[Path]) -> list[Entry]:

@@ -44,7 +44,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="FILE",
         default=[],
-        help="levels file to read (repeatable; default: every levels/*.yaml except ci.yaml)",
+        help="levels file to read (repeatable; default: levels/level*.yaml, the whole catalog)",
     )
     sel.add_argument(
         "--kernelbench",

@@ -7,7 +7,8 @@ The grammar is the reference tool's, extended where KernelBench needs more:
 - INIT: `0`, `1`, `rnd`, `id` as in the reference; `rnd` on integer types gives integers in
   [0, 10) and `rndN` gives integers in [0, N) (class indices); `rnd` on `i1` gives a random mask;
   `randn` gives standard normal floats; `triu` / `tril` give random upper / lower triangular
-  matrices.
+  matrices, `sym` a random symmetric one; `sign` gives random -1 / +1 (hinge targets);
+  `prob` gives positive rows that sum to 1 over the last dimension (probabilities).
 
 Pure Python: the supervisor uses it to validate levels files and estimate memory without numpy.
 """
@@ -33,7 +34,7 @@ DTYPE_BYTES = {
     "i1": 1,
 }
 FLOAT_TYPES = ("f64", "f32", "f16", "bf16")
-INITS = ("0", "1", "rnd", "randn", "id", "triu", "tril")
+INITS = ("0", "1", "rnd", "randn", "id", "triu", "tril", "sym", "sign", "prob")
 _INT_RANGE = re.compile(r"^rnd(\d+)$")
 
 
@@ -112,3 +113,9 @@ def validate(shape: Shape, where: str) -> None:
         raise InputError(f"{where}: 'id' needs a square 2-D shape")
     if shape.init in ("triu", "tril") and len(shape.dims) < 2:
         raise InputError(f"{where}: {shape.init!r} needs at least 2 dimensions")
+    if shape.init == "sym" and (len(shape.dims) != 2 or shape.dims[0] != shape.dims[1]):
+        raise InputError(f"{where}: 'sym' needs a square 2-D shape")
+    if shape.init in ("sym", "sign", "prob", "randn", "triu", "tril") and (
+        shape.dtype not in FLOAT_TYPES
+    ):
+        raise InputError(f"{where}: {shape.init!r} needs a floating-point element type")

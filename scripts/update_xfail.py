@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     decisions = {
         f"{r.kernel}.py": expectation(r) for r in records if r.outcome not in ("skipped", "xfail")
     }
-    files = [Path(f) for f in args.levels] or sorted((ROOT / "levels").glob("*.yaml"))
+    files = [Path(f) for f in args.levels] or sorted((ROOT / "levels").glob("level*.yaml"))
     for path in files:
         text = path.read_text()
         new = rewrite(text, decisions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import math
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -149,9 +150,9 @@ PROBLEMS = {
 }
 
 
-@pytest.fixture
-def kb(tmp_path: Path) -> Path:
-    root = tmp_path / "KernelBench"
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("kb") / "KernelBench"
     for rel, body in PROBLEMS.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,10 +173,18 @@ def _dims(shape: str) -> list[int]:
     return [int(t) for t in shape.split("x") if t.isdigit()]
 
 
-@pytest.fixture
-def generated(kb: Path, tmp_path: Path) -> Path:
-    levels = tmp_path / "levels"
+@pytest.fixture(scope="module")
+def generated_once(kb: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    levels = tmp_path_factory.mktemp("generated") / "levels"
     assert _run(kb, levels) == 0
+    return levels
+
+
+@pytest.fixture
+def generated(generated_once: Path, tmp_path: Path) -> Path:
+    """A private copy of the levels files generated once for this module."""
+    levels = tmp_path / "levels"
+    shutil.copytree(generated_once, levels)
     return levels
 
 

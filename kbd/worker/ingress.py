@@ -71,11 +71,18 @@ def make_buffer(shape: Shape, rng: np.random.Generator) -> np.ndarray:
     if np.issubdtype(dtype, np.integer):
         high = int_range(init) or DEFAULT_INT_RANGE
         return rng.integers(0, high, size=dims, dtype=dtype)
-    values = rng.standard_normal(dims) if init == "randn" else rng.random(dims)
+    values = rng.standard_normal(dims) if init in ("randn", "prob") else rng.random(dims)
     if init == "triu":
         values = np.triu(values)
     elif init == "tril":
         values = np.tril(values)
+    elif init == "sym":
+        values = (values + values.T) / 2
+    elif init == "sign":
+        values = np.where(values < 0.5, -1.0, 1.0)
+    elif init == "prob":
+        values = np.exp(values - values.max(axis=-1, keepdims=True))
+        values /= values.sum(axis=-1, keepdims=True)
     return values.astype(dtype)
 
 
