@@ -62,8 +62,9 @@ def run_or_sweep(args: Namespace) -> int:
         plans = [p for p in plans if p.entry.name not in finished]
         sweep_id = resumed.id
         store.set_status(sweep_id, "running")
-        _notice(
-            args, f"kbd: resuming sweep {sweep_id}: {len(plans)} of {len(kernels)} kernels left"
+        print(
+            f"kbd: resuming sweep {sweep_id}: {len(plans)} of {len(kernels)} kernels left",
+            file=sys.stderr,
         )
     elif sweep:
         options = {name: getattr(args, name) for name in RESUMABLE}
@@ -278,7 +279,3 @@ def _in_order(records: list[Record], kernels: list[str]) -> list[Record]:
 def _default_log_dir(sweep_id: int | None) -> Path:
     name = f"sweep-{sweep_id}" if sweep_id is not None else time.strftime("run-%Y%m%d-%H%M%S")
     return Path(".kbd") / "logs" / name
-
-
-def _notice(args: Namespace, text: str) -> None:
-    print(text, file=sys.stderr)

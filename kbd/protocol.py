@@ -119,7 +119,6 @@ class Spawn(msgspec.Struct, frozen=True, tag="spawn"):
     """Fork a worker; its socket end is attached to this frame as SCM_RIGHTS."""
 
     token: int
-    log_path: str
 
 
 class Spawned(msgspec.Struct, frozen=True, tag="spawned"):

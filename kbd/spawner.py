@@ -108,7 +108,7 @@ class Spawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         try:
-            frame = protocol.encode(Spawn(token=token, log_path=""))
+            frame = protocol.encode(Spawn(token=token))
             async with self._send_lock:
                 while True:
                     try:
