@@ -45,7 +45,7 @@ def _warm_up() -> dict[str, str]:
     """Import everything a worker needs and pay the first-import costs once, here."""
     import torch
 
-    from kbd.worker import job, mlir  # noqa: F401  (imports torch_mlir and the worker side)
+    from kbd.worker import child, mlir  # noqa: F401  (the whole worker side, torch_mlir too)
 
     class _Warm(torch.nn.Module):
         def forward(self, x):
@@ -96,7 +96,7 @@ class _Template:
         self.control.send(protocol.encode(Spawned(token=spawn.token, pid=pid)))
 
     def _become_worker(self, fds: list[int]) -> None:
-        from kbd.worker import child
+        from kbd.worker import child  # already imported by _warm_up: workers run that code
 
         parent = os.getppid()
         try:
