@@ -136,3 +136,13 @@ def test_ci_kernels_pass_on_real_kernelbench(tmp_path):
     assert len(records) == 5
     assert {r["outcome"] for r in records.values()} == {"pass"}, result.stdout
     assert result.returncode == 0
+
+
+def test_kernels_that_cannot_fit_the_budget_are_skipped(tmp_path):
+    result = kbd(
+        "run", *fixture_args("level1/1_", "--json", "--mem-budget", "100MiB"), cwd=tmp_path
+    )
+    record = json_records(result.stdout)["level1/1_matmul"]
+    assert (record["outcome"], record["phase"]) == ("skipped", "schedule")
+    assert "needs about" in record["message"] and "100.0 MiB" in record["message"]
+    assert result.returncode == 0
