@@ -101,7 +101,14 @@ def run_or_sweep(args: Namespace) -> int:
         completed = anyio.run(
             _execute, env, log_dir, plans, slots, budget, args.timeout, hooks, progress
         )
-    except TemplateError as exc:
+    except (TemplateError, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup):
+            found, _ = exc.split(TemplateError)
+            if found is None:
+                raise
+            exc = found.exceptions[0]
+            while isinstance(exc, BaseExceptionGroup):
+                exc = exc.exceptions[0]
         progress.close()
         print(f"kbd: error: {exc}", file=sys.stderr)
         if store is not None:

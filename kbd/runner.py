@@ -84,7 +84,8 @@ async def run_kernel(
 
 
 async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_memory) -> None:
-    await worker.channel.send(protocol.encode(job))
+    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        await worker.channel.send(protocol.encode(job))  # a worker dead already is classified
     with anyio.move_on_after(timeout) as deadline:
         async with anyio.create_task_group() as group:
             group.start_soon(

@@ -20,7 +20,7 @@ from kbd.limits import format_size
 from kbd.outcome import Record
 from kbd.protocol import Job
 from kbd.runner import run_kernel
-from kbd.spawner import Spawner
+from kbd.spawner import Spawner, TemplateError
 
 
 @dataclass(frozen=True)
@@ -93,15 +93,25 @@ async def execute(
         job = _with_cores(plan.job, cores)
         try:
             hooks.started(plan.entry.name)
-            record = await run_kernel(
-                spawner,
-                plan.entry,
-                job,
-                timeout=timeout,
-                log_path=log_dir / (plan.entry.name.replace("/", "__") + ".log"),
-                on_phase=hooks.phase,
-                on_memory=hooks.memory,
-            )
+            try:
+                record = await run_kernel(
+                    spawner,
+                    plan.entry,
+                    job,
+                    timeout=timeout,
+                    log_path=log_dir / (plan.entry.name.replace("/", "__") + ".log"),
+                    on_phase=hooks.phase,
+                    on_memory=hooks.memory,
+                )
+            except Exception as exc:
+                if _is_template_error(exc):
+                    raise  # no worker can start any more: the command ends
+                record = Record(  # a kbd bug must not end the sweep: record it
+                    kernel=plan.entry.name,
+                    outcome="error",
+                    phase="supervisor",
+                    message=f"kbd internal error: {exc!r}",
+                )
             hooks.finished(record)
         finally:
             memory.release(plan.memory)
@@ -161,3 +171,9 @@ def _skipped(plan: Planned, budget: int) -> Record:
         message=message,
         expected=str(plan.entry.xfail) if plan.entry.xfail else None,
     )
+
+
+def _is_template_error(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(TemplateError)[0] is not None
+    return isinstance(exc, TemplateError)

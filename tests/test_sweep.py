@@ -144,3 +144,22 @@ def _template_processes(supervisor_pid: int) -> list[int]:
         if "kbd.worker.template" in args and args.endswith(f" {supervisor_pid}"):
             found.append(int(pid))
     return [p for p in found if p != os.getpid()]
+
+
+def test_template_death_ends_the_sweep_cleanly_and_resume_completes(tmp_path):
+    args = fixture_args("level9/6_", "level1/1_", "-j", "1", "--timeout", "20")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "kbd", "sweep", *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert _wait_for(lambda: len(_template_processes(supervisor.pid)) >= 2, 60)
+    template = min(_template_processes(supervisor.pid))  # the template is older than its workers
+    os.kill(template, signal.SIGKILL)
+    _, err = supervisor.communicate(timeout=60)
+    assert supervisor.returncode == 1
+    assert "kbd: error: worker template exited" in err
+    assert "Traceback" not in err
+    assert _wait_for(lambda: not _template_processes(supervisor.pid), 5), "workers survived"
+    assert "interrupted" in kbd("sweeps", cwd=tmp_path).stdout
+    kbd("sweep", "--resume", cwd=tmp_path)
+    assert _outcomes(tmp_path) == {"level9/6_hang": "timeout", "level1/1_matmul": "pass"}
