@@ -47,6 +47,8 @@ def test_records_evidence_and_drops_stale_keys(tmp_path):
                message="RuntimeError: no\nsecond line [expected crash / load]"),
         Record(kernel="level9/3_segfault", outcome="crash", phase="reference", signal="SIGSEGV",
                message="worker killed by SIGSEGV"),
+        Record(kernel="level9/6_hang", outcome="timeout", phase="run",
+               message="no result after 10 s"),
     ])  # fmt: skip
     assert update_xfail.main(["--db", str(db), "--levels", str(levels)]) == 0
     text = levels.read_text()
@@ -59,7 +61,7 @@ def test_records_evidence_and_drops_stale_keys(tmp_path):
     assert entries["level9/3_segfault.py"].xfail == Expectation(
         "crash", "reference", "worker killed by SIGSEGV"
     )
-    assert entries["level9/6_hang.py"].xfail is None  # not in the sweep: untouched
+    assert entries["level9/6_hang.py"].xfail == Expectation("timeout", "run")  # no message
     assert entries["level9/6_hang.py"].warning == "slow"
     # Idempotent: the same evidence gives the same file.
     update_xfail.main(["--db", str(db), "--levels", str(levels)])
