@@ -120,6 +120,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        default=".kbd/results.db",
+        help="results database (default .kbd/results.db)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kbd",
@@ -164,12 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="I/N",
         help="run only shard I of N (1-based; stable when kernels are added)",
     )
-    sweep.add_argument(
-        "--db",
-        metavar="PATH",
-        default=".kbd/results.db",
-        help="results database (default .kbd/results.db)",
-    )
+    _db_option(sweep)
 
     results = sub.add_parser(
         "results",
@@ -179,22 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("id", nargs="?", type=int, help="sweep id (default: latest)")
     results.add_argument("--json", action="store_true", help="JSON Lines, one object per kernel")
     results.add_argument("--junit", metavar="FILE", help="write JUnit XML to FILE")
-    results.add_argument(
-        "--db",
-        metavar="PATH",
-        default=".kbd/results.db",
-        help="results database (default .kbd/results.db)",
-    )
+    _db_option(results)
 
     sweeps = sub.add_parser(
         "sweeps", help="list stored sweeps", description="List the sweeps in the results database."
     )
-    sweeps.add_argument(
-        "--db",
-        metavar="PATH",
-        default=".kbd/results.db",
-        help="results database (default .kbd/results.db)",
-    )
+    _db_option(sweeps)
     return parser
 
 

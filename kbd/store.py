@@ -135,20 +135,11 @@ class Store:
         rows = self._db.execute(
             "SELECT record FROM attempts WHERE sweep_id = ? ORDER BY id", (sweep_id,)
         )
-        latest: dict[str, Record] = {}
-        for (text,) in rows:
-            record = msgspec.json.decode(text, type=Record)
-            latest[record.kernel] = record
-        return list(latest.values())
+        return list(_latest(rows).values())
 
     def past(self) -> dict[str, Record]:
         """The latest record of every kernel ever run (for ordering and memory prediction)."""
-        rows = self._db.execute("SELECT record FROM attempts ORDER BY id")
-        latest: dict[str, Record] = {}
-        for (text,) in rows:
-            record = msgspec.json.decode(text, type=Record)
-            latest[record.kernel] = record
-        return latest
+        return _latest(self._db.execute("SELECT record FROM attempts ORDER BY id"))
 
 
 def _sweep(row) -> Sweep:
@@ -163,3 +154,12 @@ def _sweep(row) -> Sweep:
         kernels=json.loads(kernels),
         config_hash=config_hash,
     )
+
+
+def _latest(rows) -> dict[str, Record]:
+    """kernel -> record of its last attempt, from rows of JSON records in attempt order."""
+    latest: dict[str, Record] = {}
+    for (text,) in rows:
+        record = msgspec.json.decode(text, type=Record)
+        latest[record.kernel] = record
+    return latest
