@@ -57,3 +57,23 @@ def test_inputs_are_seeded_and_shared_with_torch():
 def test_bf16_buffers_reach_torch_as_bfloat16():
     args, _ = ingress.make_inputs([Tensor(Shape((2, 3), "bf16", "rnd"))], seed=0)
     assert str(args[0].dtype) == "torch.bfloat16"
+
+
+def test_weights_become_arguments_not_constants():
+    """Lifted parameters keep multi-megabyte weights out of the IR (and out of compile memory)."""
+    import torch
+
+    from kbd.worker import mlir
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32)).eval()
+    x = torch.rand(4, 64)
+    lifted, args = ingress.lift_parameters(model, [x])
+    assert len(args) == 1 + 7  # 2 Linear params, 2 BN params, 3 BN buffers, then x
+    with torch.no_grad():
+        assert torch.equal(lifted(*args), model(x))
+    module = mlir.import_model(lifted, args)
+    text = str(module)
+    assert "dense_resource" not in text
+    outputs, inputs = mlir.results_to_out_params(module)
+    assert [t.dims for t in outputs] == [(4, 32)]
+    assert (32, 64) in [t.dims for t in inputs] and (4, 64) in [t.dims for t in inputs]

@@ -164,6 +164,34 @@ def bind_scalars(model: torch.nn.Module, args: list) -> tuple[torch.nn.Module, l
     return bound, [a for a in args if isinstance(a, torch.Tensor)]
 
 
+class _ParametersAsInputs(torch.nn.Module):
+    """Calls the model with its parameters and buffers passed in as leading arguments.
+
+    The model is deliberately not a registered submodule, so export sees no parameters: the
+    imported function takes the weights as memref arguments instead of embedding them as
+    constants, which keeps the IR, the compile time and the compile memory small.
+    """
+
+    def __init__(self, model: torch.nn.Module, names: list[str]):
+        super().__init__()
+        self.wrapped = [model]
+        self.names = names
+
+    def forward(self, *args):
+        count = len(self.names)
+        state = dict(zip(self.names, args[:count], strict=True))
+        return torch.func.functional_call(self.wrapped[0], state, args[count:])
+
+
+def lift_parameters(model: torch.nn.Module, args: list) -> tuple[torch.nn.Module, list]:
+    """(model, args) where the model's parameters and buffers come first among the args."""
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    if not state:
+        return model, args
+    weights = [t.detach().contiguous() for t in state.values()]
+    return _ParametersAsInputs(model, list(state)).eval(), [*weights, *args]
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     tensor = tensor.detach()
     if tensor.dtype in (torch.bfloat16, torch.float16):

@@ -67,7 +67,10 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str]) -> Result:
     with step("reference"):
         expected = ingress.reference(model, args)
     with step("import"):
-        module = mlir.import_model(*ingress.bind_scalars(model, args))
+        lifted, lifted_args = ingress.lift_parameters(*ingress.bind_scalars(model, args))
+        weights = ingress.buffers_from_args(lifted_args[: len(lifted_args) - len(inputs)])
+        inputs = [*weights, *inputs]
+        module = mlir.import_model(lifted, lifted_args)
         out_types, in_types = mlir.results_to_out_params(module)
         _check_signature(job, out_types, in_types, expected, inputs)
     for stage in job.stages:
