@@ -78,12 +78,12 @@ def estimate(entry: Entry) -> int:
     runs; each output exists as the compiled buffer, the eager result and two float64 copies
     during the check. Kernels without shapes (get_inputs) get only the base.
     """
-    inputs = sum(i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor))
-    outputs = sum(o.nbytes for o in entry.outputs or [])
-    if entry.outputs is None:
-        outputs = max(
-            (i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor)), default=0
-        )
+    sizes = [i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor)]
+    if entry.outputs is not None:
+        outputs = sum(o.nbytes for o in entry.outputs)
+    else:  # unknown outputs: assume one as large as the largest input
+        outputs = max(sizes, default=0)
+    inputs = sum(sizes)
     return WORKER_BASE_BYTES + 2 * inputs + 6 * outputs
 
 

@@ -8,6 +8,7 @@ import signal as signals
 import msgspec
 
 from kbd.catalog import Expectation
+from kbd.limits import format_size
 from kbd.protocol import FAILURES, Outcome, Result
 
 LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
@@ -95,15 +96,7 @@ def _signal_name(number: int) -> str:
 def _memory_message(death: Death) -> str:
     parts = []
     if death.mem_limit is not None:
-        parts.append(f"limit {_size(death.mem_limit)}")
+        parts.append(f"limit {format_size(death.mem_limit)}")
     if death.peak_rss_bytes:
-        parts.append(f"peak {_size(death.peak_rss_bytes)}")
+        parts.append(f"peak {format_size(death.peak_rss_bytes)}")
     return ", ".join(parts) or "out of memory"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"

@@ -10,7 +10,7 @@ from typing import TextIO
 
 from kbd.limits import format_size
 from kbd.outcome import Record
-from kbd.reports import OUTCOME_ORDER, line
+from kbd.reports import format_counts
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Progress:
         self._clear()
         now = time.monotonic()
         elapsed = now - self.started_at
-        counts = ", ".join(f"{self.tally[o]} {o}" for o in OUTCOME_ORDER if self.tally[o])
+        counts = format_counts(self.tally)
         eta = ""
         if self.done:
             remaining = elapsed / self.done * (self.total - self.done)
@@ -88,6 +88,3 @@ class Progress:
             self.stream.write("\x1b[1A\x1b[2K" * self._drawn)
             self.stream.flush()
             self._drawn = 0
-
-
-__all__ = ["Progress", "line"]

@@ -44,7 +44,11 @@ def json_line(record: Record) -> str:
 
 
 def counts(records: list[Record]) -> str:
-    tally = Counter(r.outcome for r in records)
+    return format_counts(Counter(r.outcome for r in records))
+
+
+def format_counts(tally: Counter) -> str:
+    """'3 pass, 1 crash' in outcome order, from outcome -> count."""
     return ", ".join(f"{tally[o]} {o}" for o in OUTCOME_ORDER if tally[o])
 
 

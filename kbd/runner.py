@@ -200,8 +200,9 @@ async def _drain(fd: int, log, state: _State) -> None:
         state.log_bytes += len(chunk)
         if state.llvm_error is None:
             pending = (pending + chunk)[-8192:]
-            match = LLVM_ERROR.search(pending.decode("utf-8", "replace"))
-            if match and "\n" in pending.decode("utf-8", "replace")[match.start() :]:
+            text = pending.decode("utf-8", "replace")
+            match = LLVM_ERROR.search(text)
+            if match and "\n" in text[match.start() :]:  # only a complete line
                 state.llvm_error = match.group(0).strip()
     state.drained.set()
 
