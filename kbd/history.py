@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kbd import reports
 from kbd.errors import InputError
+from kbd.outcomes import format_counts
 from kbd.store import Store
 
 
@@ -52,7 +53,7 @@ def list_sweeps(args: Namespace) -> int:
     for sweep in sweeps:
         records = store.records(sweep.id)
         tally = Counter(r.outcome for r in records)
-        outcomes = ", ".join(f"{n} {o}" for o, n in sorted(tally.items()))
+        outcomes = format_counts(tally)
         done = f"{len(records)}/{len(sweep.kernels)}"
         print(
             f"{sweep.id:>4}  {_when(sweep.created):<19}  {sweep.status:<11}  {done:>9}  {outcomes}"

@@ -9,7 +9,8 @@ import msgspec
 
 from kbd.catalog import Expectation
 from kbd.limits import format_size
-from kbd.protocol import FAILURES, Outcome, Result
+from kbd.outcomes import Outcome, is_failure
+from kbd.protocol import Result
 
 LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
 _LLVM_OOM = ("LLVM ERROR: out of memory", "Allocation failed", "std::bad_alloc")
@@ -35,8 +36,8 @@ class Record(msgspec.Struct, kw_only=True):
 
     @property
     def failed(self) -> bool:
-        """An unexpected result: a failure outcome, or an expected failure that passed."""
-        return self.outcome in FAILURES or self.outcome == "xpass"
+        """Does this record make the run fail (see the outcome table)?"""
+        return is_failure(self.outcome)
 
 
 class Death(msgspec.Struct, kw_only=True):

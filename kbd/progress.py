@@ -10,7 +10,7 @@ from typing import TextIO
 
 from kbd.limits import format_size
 from kbd.outcome import Record
-from kbd.reports import format_counts
+from kbd.outcomes import format_counts
 
 
 @dataclass

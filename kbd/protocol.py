@@ -18,15 +18,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from kbd.outcomes import Outcome
 from kbd.shapes import Shape
 
 MAX_FRAME = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
-
-Outcome = Literal[
-    "pass", "mismatch", "error", "crash", "timeout", "memory", "skipped", "xfail", "xpass"
-]
-FAILURES = ("mismatch", "error", "crash", "timeout", "memory")
 
 
 class ProtocolError(Exception):

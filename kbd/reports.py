@@ -10,24 +10,13 @@ import msgspec
 
 from kbd.limits import format_size
 from kbd.outcome import Record
-
-OUTCOME_ORDER = (
-    "pass",
-    "xfail",
-    "mismatch",
-    "error",
-    "crash",
-    "timeout",
-    "memory",
-    "xpass",
-    "skipped",
-)
+from kbd.outcomes import CODES, format_counts, sort_key
 
 
 def line(record: Record) -> str:
     """One readable line: outcome, kernel, phase, time, peak memory, tolerance or message."""
     detail = []
-    if record.tolerance is not None and record.outcome in ("pass", "mismatch", "xfail", "xpass"):
+    if record.tolerance is not None and CODES[record.outcome].shows_tolerance:
         detail.append(f"tol {record.tolerance:g}")
     if record.signal:
         detail.append(record.signal)
@@ -47,11 +36,6 @@ def counts(records: list[Record]) -> str:
     return format_counts(Counter(r.outcome for r in records))
 
 
-def format_counts(tally: Counter) -> str:
-    """'3 pass, 1 crash' in outcome order, from outcome -> count."""
-    return ", ".join(f"{tally[o]} {o}" for o in OUTCOME_ORDER if tally[o])
-
-
 def summary(records: list[Record], wall_s: float | None = None) -> str:
     """The end-of-run table: counts per outcome, then every kernel that did not pass."""
     lines = [f"{len(records)} kernels: {counts(records) or 'none run'}"]
@@ -62,7 +46,7 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
         width = max(len(r.kernel) for r in others)
         lines.append("")
         lines.append(f"{'outcome':<9}{'kernel':<{width + 2}}{'phase':<28}message")
-        for r in sorted(others, key=lambda r: (OUTCOME_ORDER.index(r.outcome), r.kernel)):
+        for r in sorted(others, key=lambda r: (sort_key(r.outcome), r.kernel)):
             message = r.message if not r.signal else f"{r.signal}: {r.message}"
             lines.append(f"{r.outcome:<9}{r.kernel:<{width + 2}}{r.phase:<28}{message[:160]}")
     return "\n".join(lines)
@@ -70,17 +54,16 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
 
 def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
     """JUnit XML: one testcase per kernel; failures as <failure>, skips as <skipped>."""
-    failures = sum(1 for r in records if r.failed)
-    skipped = sum(1 for r in records if r.outcome in ("skipped", "xfail"))
+    kinds = Counter(CODES[r.outcome].junit for r in records)
     root = ET.Element("testsuites")
     suite_el = ET.SubElement(
         root,
         "testsuite",
         name=suite,
         tests=str(len(records)),
-        failures=str(failures),
+        failures=str(kinds["failure"]),
         errors="0",
-        skipped=str(skipped),
+        skipped=str(kinds["skipped"]),
         time=f"{sum(r.wall_s for r in records):.3f}",
     )
     for r in records:
@@ -89,10 +72,11 @@ def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
             suite_el, "testcase", classname=f"kbd.{level}", name=name, time=f"{r.wall_s:.3f}"
         )
         text = f"{r.outcome} in {r.phase}" + (f" ({r.signal})" if r.signal else "")
-        if r.failed:
+        junit = CODES[r.outcome].junit
+        if junit == "failure":
             failure = ET.SubElement(case, "failure", type=r.outcome, message=f"{text}: {r.message}")
             failure.text = f"{text}\n{r.message}\nlog: {r.log}"
-        elif r.outcome in ("skipped", "xfail"):
+        elif junit == "skipped":
             ET.SubElement(case, "skipped", message=f"{text}: {r.message}")
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,12 +1,12 @@
 """Record expected failures in the levels files from the evidence of a stored sweep.
 
-For every kernel of the sweep (default: the latest in .kbd/results.db):
-- an unexpected failure (mismatch, error, crash, timeout, memory) gets
-  `xfail: {outcome, phase, message}` where message is the first line of the failure message;
-  for `memory` and `timeout` the message is left out: where an allocation fails or how far a
-  kernel got is not a stable fingerprint (LLVM may abort or Python may raise MemoryError);
-- an `xfail` keeps its key; an `xpass` or a `pass` loses it (the kernel works now);
-- `skipped` kernels and kernels not in the sweep are left alone.
+For every kernel of the sweep (default: the latest in .kbd/results.db), by the outcome table
+(`kbd/outcomes.py`):
+- an expectable failure (mismatch, error, crash, timeout, memory) gets
+  `xfail: {outcome, phase, message}` where message is the first line of the failure message,
+  left out where the table says the message is no stable fingerprint (memory, timeout);
+- a correct result (`pass`, `xpass`) loses the key (the kernel works now);
+- every other outcome (`xfail`, `skipped`) and kernels not in the sweep are left alone.
 
 The files are edited line by line in the generator's layout (one `key: value` line per key,
 `xfail` last), so `scripts/gen-levels` keeps the keys and regeneration stays a no-op.
@@ -22,7 +22,7 @@ import yaml
 
 from kbd.errors import InputError
 from kbd.outcome import Record
-from kbd.protocol import FAILURES
+from kbd.outcomes import CODES
 from kbd.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,12 +31,13 @@ MESSAGE_CHARS = 160
 
 def expectation(record: Record) -> dict | None:
     """The xfail value a record calls for; None to drop the key."""
-    if record.outcome not in FAILURES:
+    code = CODES[record.outcome]
+    if not code.expectable:
         return None
     message = record.message.split(" [expected ", 1)[0].strip()
     first = message.splitlines()[0][:MESSAGE_CHARS] if message else ""
     value = {"outcome": record.outcome, "phase": record.phase}
-    if first and record.outcome not in ("memory", "timeout"):
+    if first and code.fingerprint_message:
         value["message"] = first
     return value
 
@@ -87,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"update-xfail: error: {exc}", file=sys.stderr)
         return 2
     decisions = {
-        f"{r.kernel}.py": expectation(r) for r in records if r.outcome not in ("skipped", "xfail")
+        f"{r.kernel}.py": expectation(r)
+        for r in records
+        if CODES[r.outcome].expectable or CODES[r.outcome].correct
     }
     files = [Path(f) for f in args.levels] or sorted((ROOT / "levels").glob("level*.yaml"))
     for path in files:
