@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from kbd import __version__
+from kbd import __version__, spec
 from kbd.errors import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -100,7 +100,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--mem-limit",
         metavar="SIZE",
-        default="4GiB",
+        default=spec.DEFAULT_MEM_LIMIT,
         help="per-worker memory cap, e.g. 2GiB (RLIMIT_DATA plus an RSS watch; "
         "default 4GiB; 'none' to disable)",
     )

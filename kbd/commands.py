@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from kbd import catalog, descriptor, limits, reports, scheduler
+from kbd import catalog, descriptor, limits, reports, scheduler, spec
 from kbd.catalog import Entry
 from kbd.errors import InputError
 from kbd.outcome import Record
@@ -22,40 +22,25 @@ from kbd.progress import Progress
 from kbd.protocol import Job, Limits, Stage
 from kbd.scheduler import Hooks, Planned
 from kbd.spawner import Spawner, TemplateError
+from kbd.spec import SweepSpec
 from kbd.store import Store
 
 SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
-# Options a resumed sweep takes from the stored sweep rather than from the command line.
-RESUMABLE = (
-    "kernels",
-    "levels",
-    "kernelbench",
-    "pipeline",
-    "seed",
-    "tolerance",
-    "max_tolerance",
-    "opt_level",
-    "jobs",
-    "timeout",
-    "mem_limit",
-    "mem_budget",
-    "smoke_test",
-    "shard",
-)
 SECONDS_PER_GFLOP = 2.0  # scalar-loop code; only used to order kernels never run before
 
 
 def run_or_sweep(args: Namespace) -> int:
     sweep = args.command == "sweep"
     store = Store(Path(args.db)) if sweep else None
-    resumed = None
     if sweep and args.resume:
         resumed = store.sweep(None if args.resume == "latest" else _sweep_id(args.resume))
-        for name in RESUMABLE:
-            setattr(args, name, resumed.options[name])
-    plans, slots, budget = _plan(args, store)
-    if sweep and args.shard:
-        plans = [p for p in plans if _in_shard(p.entry.name, args.shard)]
+        options = spec.decode(resumed.options, f"{store.path}: sweep {resumed.id}")
+    else:
+        resumed = None
+        options = spec.from_args(args, Path.cwd())
+    plans, slots, budget = _plan(options, store)
+    if options.shard is not None:
+        plans = [p for p in plans if options.shard.contains(p.entry.name)]
     kernels = [p.entry.name for p in plans]
     if resumed is not None:
         finished = {r.kernel for r in store.records(resumed.id)}
@@ -67,9 +52,11 @@ def run_or_sweep(args: Namespace) -> int:
             file=sys.stderr,
         )
     elif sweep:
-        options = {name: getattr(args, name) for name in RESUMABLE}
         sweep_id = store.create_sweep(
-            shlex.join(["kbd", *sys.argv[1:]]), options, kernels, _hash([p.job for p in plans])
+            shlex.join(["kbd", *sys.argv[1:]]),
+            spec.encode(options),
+            kernels,
+            _hash([p.job for p in plans]),
         )
     log_dir = Path(args.log_dir) if args.log_dir else _default_log_dir(sweep_id if sweep else None)
     hashes = {p.entry.name: _hash(p.job) for p in plans}
@@ -99,7 +86,7 @@ def run_or_sweep(args: Namespace) -> int:
     env = {**os.environ, **limits.thread_env(cores_per_worker), "PYTHONFAULTHANDLER": "1"}
     try:
         completed = anyio.run(
-            _execute, env, log_dir, plans, slots, budget, args.timeout, hooks, progress
+            _execute, env, log_dir, plans, slots, budget, options.timeout, hooks, progress
         )
     except (TemplateError, BaseExceptionGroup) as exc:
         if isinstance(exc, BaseExceptionGroup):
@@ -160,51 +147,40 @@ async def _tick(progress: Progress) -> None:
         progress.render()
 
 
-def _plan(args: Namespace, store: Store | None):
-    """Validate everything the user gave and build one job per selected kernel."""
-    root = catalog.kernelbench_root(args.kernelbench)
-    files = [Path(f) for f in args.levels] or catalog.default_levels_files()
-    entries = catalog.select(catalog.load(files), args.kernels)
+def _plan(options: SweepSpec, store: Store | None):
+    """Load and check the selected kernels and build one job per kernel."""
+    root = catalog.kernelbench_root(options.kernelbench)
+    files = [Path(f) for f in options.levels] or catalog.default_levels_files()
+    entries = catalog.select(catalog.load(files), list(options.kernels))
     catalog.check_sources(entries, root)
     cores = limits.usable_cores()
-    jobs = args.jobs if args.jobs is not None else len(cores)
-    if jobs < 1:
-        raise InputError(f"-j/--jobs must be at least 1, got {jobs}")
-    if args.timeout <= 0:
-        raise InputError(f"--timeout must be positive, got {args.timeout:g}")
-    if args.tolerance <= 0 or args.max_tolerance < args.tolerance:
-        raise InputError("--tolerance must be positive and at most --max-tolerance")
-    mem_limit = None
-    if str(args.mem_limit).lower() != "none":
-        mem_limit = limits.parse_size(args.mem_limit, "--mem-limit")
-    budget = (
-        limits.parse_size(args.mem_budget, "--mem-budget")
-        if args.mem_budget
-        else limits.default_budget()
-    )
-    slots = scheduler.core_slots(cores, jobs)
+    slots = scheduler.core_slots(cores, options.jobs or len(cores))
+    budget = options.mem_budget or limits.default_budget()
     override = (
-        descriptor.resolve_pipeline(args.pipeline, schedules_dir=SCHEDULES_DIR, cwd=Path.cwd())
-        if args.pipeline
+        descriptor.resolve_pipeline(
+            list(options.pipeline), schedules_dir=SCHEDULES_DIR, cwd=Path(options.cwd)
+        )
+        if options.pipeline
         else None
     )
-    smoke = getattr(args, "smoke_test", False)
+    mem_limit = options.mem_limit
     past = store.past() if store is not None else {}
     plans = []
     for entry in entries:
-        stages = override or _stages(entry, smoke)
+        source = root / entry.kernel
         job = Job(
             kernel=entry.kernel,
-            source=str(root / entry.kernel),
+            source=str(source),
+            source_text=_read_source(entry, source),
             inputs=entry.inputs,
             init_args=entry.init_args,
             outputs=entry.outputs,
             dtype=entry.dtype,
-            stages=stages,
-            seed=args.seed,
-            tolerance=args.tolerance,
-            max_tolerance=args.max_tolerance,
-            opt_level=args.opt_level,
+            stages=override or _stages(entry, options.smoke_test),
+            seed=options.seed,
+            tolerance=options.tolerance,
+            max_tolerance=options.max_tolerance,
+            opt_level=options.opt_level,
             limits=Limits(mem_limit=mem_limit),
         )
         previous = past.get(entry.name)
@@ -216,6 +192,15 @@ def _plan(args: Namespace, store: Store | None):
         expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
     return scheduler.order(plans), slots, budget
+
+
+def _read_source(entry: Entry, path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(
+            f"{entry.levels_file}: kernel {entry.kernel}: cannot read {path} ({exc})"
+        ) from None
 
 
 def _stages(entry: Entry, smoke: bool) -> list[Stage]:
@@ -232,25 +217,15 @@ def _stages(entry: Entry, smoke: bool) -> list[Stage]:
 
 
 def _hash(value) -> str:
-    """Configuration hash: the job(s), the kernel sources, transform scripts and tool versions."""
+    """Configuration hash: the job(s) (which carry the kernel source and transform scripts) and
+    the tool versions."""
     jobs = value if isinstance(value, list) else [value]
     digest = hashlib.sha256()
     for name in ("torch", "torch-mlir"):
         digest.update(f"{name}={_version(name)}".encode())
     for job in jobs:
         digest.update(msgspec.msgpack.encode(msgspec.structs.replace(job, limits=Limits())))
-        digest.update(_file_bytes(job.source))
-        for stage in job.stages:
-            if stage.kind == "transform":
-                digest.update(_file_bytes(stage.text))
     return digest.hexdigest()[:16]
-
-
-def _file_bytes(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError:
-        return b""
 
 
 def _version(name: str) -> str:
@@ -258,17 +233,6 @@ def _version(name: str) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "missing"
-
-
-def _in_shard(kernel: str, shard: str) -> bool:
-    try:
-        index, count = (int(x) for x in shard.split("/"))
-    except ValueError:
-        raise InputError(f"--shard {shard!r}: expected I/N, e.g. 1/4") from None
-    if not 1 <= index <= count:
-        raise InputError(f"--shard {shard!r}: I must be between 1 and N")
-    bucket = int(hashlib.sha256(kernel.encode()).hexdigest(), 16) % count
-    return bucket == index - 1
 
 
 def _sweep_id(text: str) -> int:

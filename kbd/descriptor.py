@@ -84,7 +84,7 @@ def _resolve_spec(spec: str, schedules_dir: Path, cwd: Path) -> list[Stage]:
             f"{where}: Python schedule generators are not supported; use a .mlir transform script"
         )
     if text.endswith(".mlir"):
-        return [Stage("transform", str(_find_spec_file(text, schedules_dir, cwd, where)), spec)]
+        return [_transform_stage(_find_spec_file(text, schedules_dir, cwd, where), spec, where)]
     if text.endswith(".yaml"):
         return _expand_file(_find_spec_file(text, schedules_dir, cwd, where), schedules_dir)
     if _PASS_NAME.fullmatch(text) and (schedules_dir / f"{text}.yaml").is_file():
@@ -126,11 +126,8 @@ def _expand_file(
         if key == "pass":
             stages.append(Stage("pass", _normalise_pass(value, where), str(path)))
         elif key == "transform":
-            stages.append(
-                Stage(
-                    "transform", str(_transform_path(value, path, schedules_dir, where)), str(path)
-                )
-            )
+            script = _transform_path(value, path, schedules_dir, where)
+            stages.append(_transform_stage(script, str(path), where))
         else:
             stages += _expand_include(value, path, schedules_dir, (*chain, path), where)
     return stages
@@ -208,6 +205,15 @@ def _expand_include(
         cycle = " -> ".join(p.name for p in (*chain, path))
         raise InputError(f"{where}: include cycle {cycle}")
     return _expand_file(path, schedules_dir, variables, chain)
+
+
+def _transform_stage(script: Path, source: str, where: str) -> Stage:
+    """A transform stage carrying its script's text (jobs are self-contained)."""
+    try:
+        text = script.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read transform script {script}: {exc}") from None
+    return Stage("transform", str(script), source, script=text)
 
 
 def _transform_path(value: str, including: Path, schedules_dir: Path, where: str) -> Path:

@@ -33,11 +33,15 @@ class ProtocolError(Exception):
 
 
 class Stage(msgspec.Struct, frozen=True):
-    """One pipeline stage: an MLIR pass pipeline element or a transform script."""
+    """One pipeline stage: an MLIR pass pipeline element or a transform script.
+
+    A transform stage carries its script's text, so a job needs no schedules folder to run.
+    """
 
     kind: Literal["pass", "transform"]
-    text: str  # "name{opt=v ...}" for a pass, an absolute .mlir path for a transform
+    text: str  # "name{opt=v ...}" for a pass, the absolute .mlir path for a transform
     source: str  # the descriptor file (or command-line spec) this stage came from
+    script: str = ""  # the transform script's text (transform stages only)
 
     @property
     def name(self) -> str:
@@ -70,7 +74,8 @@ class Job(msgspec.Struct, frozen=True):
     """Everything a worker needs to run one kernel."""
 
     kernel: str  # e.g. "level1/2_Standard_matrix_multiplication_.py"
-    source: str  # absolute path of the KernelBench problem file
+    source: str  # absolute path of the KernelBench problem file (names it in tracebacks)
+    source_text: str  # the problem file's text: the worker runs this, not the file
     inputs: list[Input] | None  # None: use the problem's get_inputs()
     init_args: Any  # list of constructor args, or None for get_init_inputs()
     outputs: list[Shape] | None  # expected output shapes, checked against the import

@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
     finished REAL,
     status TEXT NOT NULL,              -- running | done | interrupted
     command TEXT NOT NULL,
-    options TEXT NOT NULL,             -- JSON, enough to resume
+    options TEXT NOT NULL,             -- the SweepSpec as JSON (kbd.spec), to resume
     kernels TEXT NOT NULL,             -- JSON list of kernel names, in run order
     config_hash TEXT NOT NULL
 );
@@ -57,7 +57,7 @@ class Sweep:
     finished: float | None
     status: str
     command: str
-    options: dict
+    options: str  # the SweepSpec as JSON; kbd.spec.decode reads it
     kernels: list[str]
     config_hash: str
 
@@ -77,13 +77,11 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def create_sweep(
-        self, command: str, options: dict, kernels: list[str], config_hash: str
-    ) -> int:
+    def create_sweep(self, command: str, options: str, kernels: list[str], config_hash: str) -> int:
         cursor = self._db.execute(
             "INSERT INTO sweeps (created, status, command, options, kernels, config_hash) "
             "VALUES (?, 'running', ?, ?, ?, ?)",
-            (time.time(), command, json.dumps(options), json.dumps(kernels), config_hash),
+            (time.time(), command, options, json.dumps(kernels), config_hash),
         )
         return int(cursor.lastrowid)
 
@@ -150,7 +148,7 @@ def _sweep(row) -> Sweep:
         finished=finished,
         status=status,
         command=command,
-        options=json.loads(options),
+        options=options,
         kernels=json.loads(kernels),
         config_hash=config_hash,
     )

@@ -41,13 +41,14 @@ from kbd.shapes import Shape
 JOB = Job(
     kernel="level1/5_Matrix_scalar_multiplication.py",
     source="/kb/level1/5_Matrix_scalar_multiplication.py",
+    source_text="import torch\n\nclass Model(torch.nn.Module): ...\n",
     inputs=[Tensor(Shape((64, 512), "f32", "rnd")), Scalar(3.14), Scalar(2), Scalar(True)],
     init_args=[128, [128], 128],
     outputs=[Shape((64, 512), "f32"), Shape((), "f32")],
     dtype="f32",
     stages=[
         Stage("pass", "convert-linalg-to-loops{opt=1}", "schedules/a.yaml"),
-        Stage("transform", "/abs/tile.mlir", "cli"),
+        Stage("transform", "/abs/tile.mlir", "cli", script="module {}"),
     ],
     seed=42,
     tolerance=1e-4,

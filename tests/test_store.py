@@ -6,8 +6,10 @@ import sqlite3
 
 import pytest
 
+from kbd import spec
 from kbd.errors import InputError
 from kbd.outcome import Record
+from kbd.spec import SweepSpec
 from kbd.store import Store
 
 
@@ -23,7 +25,7 @@ def rec(kernel: str, outcome: str, **fields) -> Record:
 
 
 def test_create_sweep(store):
-    options = {"timeout": 30, "levels": ["ci.yaml"]}
+    options = spec.encode(SweepSpec(timeout=30, levels=("/x/ci.yaml",)))
     kernels = ["level1/1_A", "level1/2_B"]
     sweep_id = store.create_sweep("run", options, kernels, "abc123")
     sweep = store.sweep(sweep_id)
@@ -31,14 +33,14 @@ def test_create_sweep(store):
     assert sweep.status == "running"
     assert sweep.finished is None
     assert sweep.command == "run"
-    assert sweep.options == options
+    assert spec.decode(sweep.options, "sweep") == SweepSpec(timeout=30, levels=("/x/ci.yaml",))
     assert sweep.kernels == kernels
     assert sweep.config_hash == "abc123"
     assert sweep.created > 0
 
 
 def test_set_status(store):
-    sweep_id = store.create_sweep("run", {}, [], "h")
+    sweep_id = store.create_sweep("run", "{}", [], "h")
     store.set_status(sweep_id, "done")
     sweep = store.sweep(sweep_id)
     assert sweep.status == "done"
@@ -49,7 +51,7 @@ def test_set_status(store):
 
 
 def test_records_latest_attempt_wins(store):
-    first = store.create_sweep("run", {}, ["a", "b"], "h")
+    first = store.create_sweep("run", "{}", ["a", "b"], "h")
     store.add_attempt(first, "h", rec("a.py", "crash", signal="SIGSEGV", message="boom"))
     store.add_attempt(first, "h", rec("b.py", "pass", wall_s=1.5, tolerance=1e-4))
     store.add_attempt(first, "h", rec("a.py", "pass", times={"jit": 0.25}, limits={"cores": "1"}))
@@ -60,8 +62,8 @@ def test_records_latest_attempt_wins(store):
 
 
 def test_records_are_per_sweep(store):
-    first = store.create_sweep("run", {}, [], "h")
-    second = store.create_sweep("run", {}, [], "h")
+    first = store.create_sweep("run", "{}", [], "h")
+    second = store.create_sweep("run", "{}", [], "h")
     store.add_attempt(first, "h", rec("a.py", "pass"))
     store.add_attempt(second, "h", rec("a.py", "mismatch"))
     store.add_attempt(second, "h", rec("b.py", "timeout"))
@@ -74,8 +76,8 @@ def test_records_are_per_sweep(store):
 
 
 def test_sweep_none_is_latest(store):
-    store.create_sweep("run", {}, ["a"], "h1")
-    latest = store.create_sweep("bench", {}, ["b"], "h2")
+    store.create_sweep("run", "{}", ["a"], "h1")
+    latest = store.create_sweep("bench", "{}", ["b"], "h2")
     sweep = store.sweep(None)
     assert sweep.id == latest
     assert sweep.command == "bench"
@@ -88,15 +90,15 @@ def test_sweep_none_without_sweeps(store):
 
 
 def test_unknown_sweep_id(store):
-    sweep_id = store.create_sweep("run", {}, [], "h")
+    sweep_id = store.create_sweep("run", "{}", [], "h")
     with pytest.raises(InputError) as info:
         store.sweep(sweep_id + 41)
     assert str(info.value) == f"{store.path}: no sweep with id {sweep_id + 41}"
 
 
 def test_past_is_latest_of_every_kernel(store):
-    first = store.create_sweep("run", {}, [], "h")
-    second = store.create_sweep("run", {}, [], "h")
+    first = store.create_sweep("run", "{}", [], "h")
+    second = store.create_sweep("run", "{}", [], "h")
     store.add_attempt(first, "h", rec("a.py", "pass", peak_rss_bytes=100))
     store.add_attempt(first, "h", rec("b.py", "crash"))
     store.add_attempt(second, "h", rec("a.py", "memory", peak_rss_bytes=900))
@@ -108,7 +110,7 @@ def test_past_is_latest_of_every_kernel(store):
 
 
 def test_attempt_columns(store):
-    sweep_id = store.create_sweep("run", {}, [], "h")
+    sweep_id = store.create_sweep("run", "{}", [], "h")
     store.add_attempt(
         sweep_id,
         "cfg",
@@ -128,12 +130,12 @@ def test_attempt_columns(store):
 def test_reopen_keeps_data(tmp_path):
     path = tmp_path / "results.db"
     first = Store(path)
-    sweep_id = first.create_sweep("run", {"x": 1}, ["a"], "h")
+    sweep_id = first.create_sweep("run", '{"x": 1}', ["a"], "h")
     first.add_attempt(sweep_id, "h", rec("a.py", "pass"))
     first.close()
     second = Store(path)
     try:
-        assert second.sweep(None).options == {"x": 1}
+        assert second.sweep(None).options == '{"x": 1}'
         assert [r.kernel for r in second.records(sweep_id)] == ["a.py"]
     finally:
         second.close()

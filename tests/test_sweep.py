@@ -10,7 +10,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-from kbd.commands import _in_shard
+from kbd.spec import Shard
 from tests.conftest import fixture_args, json_records, kbd
 
 QUICK = ["level1/1_", "level1/2_", "level1/3_", "level9/2_", "level9/3_"]
@@ -127,12 +127,12 @@ def test_resume_unknown_sweep(tmp_path):
 
 def test_shards_partition_and_are_stable():
     kernels = [f"level1/{i}_kernel" for i in range(200)]
-    shards = [{k for k in kernels if _in_shard(k, f"{i}/4")} for i in range(1, 5)]
+    shards = [{k for k in kernels if Shard(i, 4).contains(k)} for i in range(1, 5)]
     assert set().union(*shards) == set(kernels)
     assert sum(len(s) for s in shards) == len(kernels)
     assert all(20 < len(s) < 80 for s in shards)
     # A kernel's shard depends only on its name, never on the other kernels.
-    assert {k for k in kernels[:50] if _in_shard(k, "2/4")} == shards[1] & set(kernels[:50])
+    assert {k for k in kernels[:50] if Shard(2, 4).contains(k)} == shards[1] & set(kernels[:50])
 
 
 def _template_processes(supervisor_pid: int) -> list[int]:

@@ -31,7 +31,7 @@ LEVELS = """\
 
 def _sweep(db: Path, records: list[Record]) -> None:
     store = Store(db)
-    sweep = store.create_sweep("kbd sweep", {}, [r.kernel for r in records], "hash")
+    sweep = store.create_sweep("kbd sweep", "{}", [r.kernel for r in records], "hash")
     for record in records:
         store.add_attempt(sweep, "hash", record)
     store.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -40,15 +39,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_problem(path: str) -> ModuleType:
-    """Import a KernelBench problem file; it must define Model, get_inputs, get_init_inputs."""
+def load_problem(path: str, text: str) -> ModuleType:
+    """Run a KernelBench problem's source `text` (from `path`) as a module; it must define
+    Model, get_inputs and get_init_inputs."""
     name = "kbd_problem_" + Path(path).stem
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    module = ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    exec(compile(text, path, "exec"), module.__dict__)
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, attr):
             raise AttributeError(f"{Path(path).name} defines no {attr}")

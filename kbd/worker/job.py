@@ -55,7 +55,7 @@ def run(job: Job, announce: Callable[[str], None], limits_enforced: dict[str, st
 def _run(job: Job, step: _Step, limits_enforced: dict[str, str]) -> Result:
     with step("load"):
         ingress.seed_everything(job.seed)
-        problem = ingress.load_problem(job.source)
+        problem = ingress.load_problem(job.source, job.source_text)
         model = ingress.build_model(problem, job.init_args, job.dtype)
         if job.inputs is None:
             args = [

@@ -11,7 +11,6 @@ import ctypes
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from torch_mlir import fx, ir, passmanager
@@ -101,7 +100,7 @@ def apply_stage(module: ir.Module, stage: Stage) -> None:
                     pm = passmanager.PassManager.parse(f"builtin.module({stage.text})")
                     pm.run(module.operation)
                     return
-                script = ir.Module.parse(Path(stage.text).read_text())
+                script = ir.Module.parse(stage.script)
                 entry = _find_named_sequence(script, stage.text)
                 interpreter.apply_named_sequence(module.operation, entry, script.operation)
         except ir.MLIRError as exc:

@@ -1,0 +1,118 @@
+"""What to run: one typed specification of a `kbd run` or `kbd sweep`.
+
+`SweepSpec` is built and validated once, at the edge (`from_args`), and is plain data from then
+on: the planner reads it, the store keeps it JSON-encoded with the sweep so that `--resume` runs
+with exactly the original options, and a daemon or cluster backend can ship it as it is.
+Paths in it are absolute, so it means the same from any working directory. How results are
+shown (`--json`, `--junit`, `--log-dir`) is not part of it: that belongs to each invocation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from argparse import Namespace
+from pathlib import Path
+
+import msgspec
+
+from kbd import limits
+from kbd.errors import InputError
+
+DEFAULT_MEM_LIMIT = "4GiB"
+
+
+class Shard(msgspec.Struct, frozen=True):
+    """Shard `index` of `count` (1-based): a stable subset of kernels, by hash of the name."""
+
+    index: int
+    count: int
+
+    def contains(self, kernel: str) -> bool:
+        bucket = int(hashlib.sha256(kernel.encode()).hexdigest(), 16) % self.count
+        return bucket == self.index - 1
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Which kernels to run, how to compile and check them, and under which limits."""
+
+    # selection
+    kernels: tuple[str, ...] = ()  # path prefixes, e.g. "level1/"; empty = every entry
+    levels: tuple[str, ...] = ()  # absolute levels-file paths; empty = the whole catalog
+    kernelbench: str | None = None  # absolute KernelBench root; None = $KBD_KERNELBENCH/default
+    shard: Shard | None = None
+    # compilation and checking
+    pipeline: tuple[str, ...] = ()  # --pipeline specs replacing the entries' pipelines
+    smoke_test: bool = False  # every kernel through the default scalar pipeline
+    cwd: str = "."  # where relative --pipeline files are looked up
+    seed: int = 0
+    tolerance: float = 0.01  # rtol = atol required to pass
+    max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
+    opt_level: int = 3  # LLVM optimisation level of the JIT
+    # workers and limits
+    jobs: int | None = None  # parallel workers; None = one per usable core
+    timeout: float = 600.0  # seconds per kernel
+    mem_limit: int | None = limits.parse_size(DEFAULT_MEM_LIMIT, "--mem-limit")  # None = no cap
+    mem_budget: int | None = None  # bytes for all workers together; None = decided at start
+
+    def __post_init__(self) -> None:
+        if self.jobs is not None and self.jobs < 1:
+            raise InputError(f"-j/--jobs must be at least 1, got {self.jobs}")
+        if self.timeout <= 0:
+            raise InputError(f"--timeout must be positive, got {self.timeout:g}")
+        if self.tolerance <= 0 or self.max_tolerance < self.tolerance:
+            raise InputError("--tolerance must be positive and at most --max-tolerance")
+        if self.shard is not None and not 1 <= self.shard.index <= self.shard.count:
+            raise InputError(f"--shard {self.shard}: I must be between 1 and N")
+
+
+def from_args(args: Namespace, cwd: Path) -> SweepSpec:
+    """The spec of a `kbd run` or `kbd sweep` command line; raises InputError on bad options."""
+    return SweepSpec(
+        kernels=tuple(args.kernels),
+        levels=tuple(str((cwd / f).resolve()) for f in args.levels),
+        kernelbench=str((cwd / args.kernelbench).resolve()) if args.kernelbench else None,
+        shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
+        pipeline=tuple(args.pipeline),
+        smoke_test=getattr(args, "smoke_test", False),
+        cwd=str(cwd),
+        seed=args.seed,
+        tolerance=args.tolerance,
+        max_tolerance=args.max_tolerance,
+        opt_level=args.opt_level,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        mem_limit=_optional_size(args.mem_limit, "--mem-limit"),
+        mem_budget=limits.parse_size(args.mem_budget, "--mem-budget") if args.mem_budget else None,
+    )
+
+
+def parse_shard(text: str) -> Shard:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise InputError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= count:
+        raise InputError(f"--shard {text!r}: I must be between 1 and N")
+    return Shard(index, count)
+
+
+def encode(spec: SweepSpec) -> str:
+    """JSON text of a spec, as the store keeps it."""
+    return msgspec.json.encode(spec).decode()
+
+
+def decode(text: str, where: str) -> SweepSpec:
+    """A stored spec; `where` names its origin (e.g. the sweep) in the error message."""
+    try:
+        return msgspec.json.decode(text, type=SweepSpec)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"{where}: stored options are not valid ({exc})") from None
+    except msgspec.DecodeError:
+        raise InputError(f"{where}: stored options are not JSON") from None
+
+
+def _optional_size(text: str, option: str) -> int | None:
+    return None if str(text).lower() == "none" else limits.parse_size(text, option)

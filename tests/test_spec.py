@@ -1,0 +1,65 @@
+"""SweepSpec: one typed, validated specification of a run or sweep, stored for --resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kbd import spec
+from kbd.cli import build_parser
+from kbd.errors import InputError
+from kbd.spec import Shard, SweepSpec
+
+
+def _from(argv: list[str], cwd: Path) -> SweepSpec:
+    return spec.from_args(build_parser().parse_args(argv), cwd)
+
+
+def test_command_line_becomes_an_absolute_typed_spec(tmp_path):
+    options = _from(
+        ["sweep", "level1/", "--levels", "l.yaml", "--kernelbench", "kb", "-j", "2",
+         "--mem-limit", "2GiB", "--mem-budget", "8GiB", "--shard", "2/3", "--smoke-test"],
+        tmp_path,
+    )  # fmt: skip
+    assert options.kernels == ("level1/",)
+    assert options.levels == (str(tmp_path / "l.yaml"),)
+    assert options.kernelbench == str(tmp_path / "kb")
+    assert (options.jobs, options.mem_limit, options.mem_budget) == (2, 2 << 30, 8 << 30)
+    assert options.shard == Shard(2, 3)
+    assert options.smoke_test and options.cwd == str(tmp_path)
+
+
+def test_defaults_and_no_memory_cap(tmp_path):
+    options = _from(["run", "--mem-limit", "none"], tmp_path)
+    assert options.mem_limit is None and options.mem_budget is None and options.jobs is None
+    assert _from(["run"], tmp_path).mem_limit == 4 << 30
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-j", "0"], "-j/--jobs must be at least 1, got 0"),
+        (["--timeout", "0"], "--timeout must be positive"),
+        (["--tolerance", "0.5", "--max-tolerance", "0.1"], "at most --max-tolerance"),
+        (["--mem-limit", "lots"], "--mem-limit: 'lots' is not a size"),
+    ],
+)
+def test_bad_options_are_input_errors(tmp_path, argv, expected):
+    with pytest.raises(InputError, match=expected):
+        _from(["run", *argv], tmp_path)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("3/2", "between 1 and N"), ("x", "I/N")])
+def test_bad_shards(text, expected):
+    with pytest.raises(InputError, match=expected):
+        spec.parse_shard(text)
+
+
+def test_stored_spec_round_trips_and_validates():
+    options = SweepSpec(kernels=("level2/",), timeout=30.0, shard=Shard(1, 4), mem_limit=None)
+    assert spec.decode(spec.encode(options), "sweep 1") == options
+    with pytest.raises(InputError, match="sweep 7: stored options are not valid"):
+        spec.decode('{"timeout": "soon"}', "sweep 7")
+    with pytest.raises(InputError, match="sweep 7: stored options are not JSON"):
+        spec.decode("{", "sweep 7")
