@@ -28,6 +28,7 @@ examples:
   kbd sweep --smoke-test level1/ level2/ -j 2 --junit results.xml
   kbd sweep --resume          # finish the latest sweep after an interruption
   kbd results --json          # the latest sweep's records as JSON Lines
+  kbd doctor --strict         # is every limit and containment enforced on this machine?
 """
 
 
@@ -110,6 +111,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="memory all running workers may use together; kernels are admitted by "
         "their estimated need (default: 75%% of available memory)",
     )
+    box = parser.add_argument_group("containment (see `kbd doctor`)")
+    box.add_argument(
+        "--require-sandbox",
+        action="store_true",
+        help="make a kernel an error when any containment mechanism (filesystem, network) "
+        "cannot be enforced on this machine, instead of running it with a note (for CI)",
+    )
+    box.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run kernels without filesystem and network containment (debugging only; "
+        "records say so)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--json", action="store_true", help="one JSON object per kernel on stdout (JSON Lines)"
@@ -189,6 +203,20 @@ def build_parser() -> argparse.ArgumentParser:
         "sweeps", help="list stored sweeps", description="List the sweeps in the results database."
     )
     _db_option(sweeps)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check which enforcement (limits, containment) works on this machine",
+        description="Try every enforcement kbd uses (memory cap, core pinning, timeout, "
+        "filesystem and network containment, descriptors, process-tree cleanup) in real "
+        "workers forked from the template, and print whether each works, with the reason "
+        "when it does not.",
+    )
+    doctor.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit with status 1 when any enforcement does not work (for CI)",
+    )
     return parser
 
 
@@ -200,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
             from kbd import commands
 
             return commands.run_or_sweep(args)
+        if args.command == "doctor":
+            from kbd import doctor
+
+            return doctor.doctor(args)
         from kbd import history
 
         if args.command == "results":

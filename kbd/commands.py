@@ -181,7 +181,11 @@ def _plan(options: SweepSpec, store: Store | None):
             tolerance=options.tolerance,
             max_tolerance=options.max_tolerance,
             opt_level=options.opt_level,
-            limits=Limits(mem_limit=mem_limit),
+            limits=Limits(
+                mem_limit=mem_limit,
+                sandbox=options.sandbox,
+                require_sandbox=options.require_sandbox,
+            ),
         )
         previous = past.get(entry.name)
         memory = limits.estimate(entry)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from kbd import containment
 from kbd.limits import format_size
 from kbd.outcome import Record
 from kbd.outcomes import CODES, format_counts, sort_key
@@ -49,6 +50,9 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
         for r in sorted(others, key=lambda r: (sort_key(r.outcome), r.kernel)):
             message = r.message if not r.signal else f"{r.signal}: {r.message}"
             lines.append(f"{r.outcome:<9}{r.kernel:<{width + 2}}{r.phase:<28}{message[:160]}")
+    uncontained = containment.summary_lines(records)
+    if uncontained:
+        lines += ["", *uncontained]
     return "\n".join(lines)
 
 

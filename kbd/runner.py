@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import msgspec
 import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import protocol
+from kbd import containment, protocol
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
@@ -57,7 +58,14 @@ async def run_kernel(
     on_phase: Callable[[str, str], None] = lambda kernel, phase: None,
     on_memory: Callable[[str, int], None] = lambda kernel, rss: None,
 ) -> Record:
-    """Run `job` in a new worker and return its classified record."""
+    """Run `job` in a new worker, with its own scratch folder, and return its classified record."""
+    with containment.scratch_folder(entry.name) as scratch:
+        limits = msgspec.structs.replace(job.limits, scratch=str(scratch))
+        job = msgspec.structs.replace(job, limits=limits)
+        return await _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory)
+
+
+async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
     started = time.monotonic()
     state = _State()
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,9 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout: float = 600.0  # seconds per kernel
     mem_limit: int | None = limits.parse_size(DEFAULT_MEM_LIMIT, "--mem-limit")  # None = no cap
     mem_budget: int | None = None  # bytes for all workers together; None = decided at start
+    # containment (kbd/worker/contain.py)
+    sandbox: bool = True  # False: no filesystem or network containment (--no-sandbox)
+    require_sandbox: bool = False  # a mechanism missing on this machine fails the kernel
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -64,6 +67,8 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise InputError(f"--timeout must be positive, got {self.timeout:g}")
         if self.tolerance <= 0 or self.max_tolerance < self.tolerance:
             raise InputError("--tolerance must be positive and at most --max-tolerance")
+        if self.require_sandbox and not self.sandbox:
+            raise InputError("--require-sandbox and --no-sandbox contradict each other")
         if self.shard is not None and not 1 <= self.shard.index <= self.shard.count:
             raise InputError(f"--shard {self.shard}: I must be between 1 and N")
 
@@ -86,6 +91,8 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         timeout=args.timeout,
         mem_limit=_optional_size(args.mem_limit, "--mem-limit"),
         mem_budget=limits.parse_size(args.mem_budget, "--mem-budget") if args.mem_budget else None,
+        sandbox=not args.no_sandbox,
+        require_sandbox=args.require_sandbox,
     )
 
 

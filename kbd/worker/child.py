@@ -16,10 +16,11 @@ import threading
 
 import torch
 
-from kbd import protocol
-from kbd.protocol import Job, Phase
+from kbd import containment, protocol
+from kbd.protocol import Job, Phase, Result
 from kbd.worker import job as job_runner
 from kbd.worker import sandbox
+from kbd.worker.contain import contain
 
 LOG_FILE_LIMIT = 1 << 30  # any single file the kernel writes
 
@@ -36,7 +37,18 @@ def main(sock: socket.socket, parent: int) -> int:
         print(f"[kbd] phase {phase}", file=sys.stderr, flush=True)
         protocol.send_blocking(sock, Phase(phase))
 
-    result = job_runner.run(job, announce, enforced)
+    missing = containment.missing(enforced)
+    if job.limits.require_sandbox and missing:
+        announce(containment.SANDBOX_PHASE)
+        result = Result(
+            outcome="error",
+            phase=containment.SANDBOX_PHASE,
+            message="containment required but not enforced: "
+            + "; ".join(f"{key}: {reason}" for key, reason in missing.items()),
+            limits_enforced=enforced,
+        )
+    else:
+        result = job_runner.run(job, announce, enforced)
     sys.stdout.flush()
     sys.stderr.flush()
     protocol.send_blocking(sock, result)
@@ -47,10 +59,16 @@ def _apply_limits(job: Job) -> dict[str, str]:
     sandbox.disable_core_dumps()
     sandbox.limit_file_size(LOG_FILE_LIMIT)
     cores = sandbox.pin(job.limits.cores)
+    contained = contain(job.limits)  # before anything can start a thread
     if job.limits.cores:
         torch.set_num_threads(len(job.limits.cores))
     memory = sandbox.limit_memory(job.limits.mem_limit)
-    return {"memory": memory, "cores": cores, "threads": str(torch.get_num_threads())}
+    return {
+        "memory": memory,
+        "cores": cores,
+        "threads": str(torch.get_num_threads()),
+        **contained,
+    }
 
 
 def _exit_on_eof(sock: socket.socket) -> None:

@@ -58,3 +58,56 @@ def pin(cores: tuple[int, ...]) -> str:
     for name in THREAD_ENV:
         os.environ[name] = str(len(cores))
     return ",".join(map(str, cores))
+
+
+# --- containment: filesystem, network, descriptors --------------------------------------------
+
+CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+SCRATCH_ENV = ("TMPDIR", "TMP", "TEMP")
+# Written by ordinary library code; writing them reaches nothing outside the worker.
+WRITABLE_FILES = ("/dev/null", "/dev/zero", "/dev/full")
+
+
+def keep_only_fds(keep: tuple[int, ...]) -> None:
+    """Close every descriptor but stdin/stdout/stderr and `keep`: whatever the template held
+    (the store is never among them, but nothing else should reach a kernel either)."""
+    floor = 3
+    for fd in sorted(keep):
+        os.closerange(floor, fd)
+        floor = fd + 1
+    os.closerange(floor, os.sysconf("SC_OPEN_MAX"))
+
+
+def use_scratch(scratch: str) -> None:
+    """Point temporary files and caches at the worker's scratch folder."""
+    import tempfile
+
+    for name in SCRATCH_ENV:
+        os.environ[name] = scratch
+    os.environ["XDG_CACHE_HOME"] = os.path.join(scratch, ".cache")
+    # torch fixed its compile cache under the template's /tmp while warming up
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, "torchinductor")
+    tempfile.tempdir = scratch  # the template may have cached /tmp already
+
+
+def isolate_network() -> str:
+    """Move this thread into a fresh network namespace: only a loopback device, left down.
+
+    As root (CAP_SYS_ADMIN) directly; otherwise inside a new unprivileged user namespace.
+    Returns how; raises OSError with the reason when neither works.
+    """
+    if _libc.unshare(CLONE_NEWNET) == 0:
+        return "netns"
+    first = ctypes.get_errno()
+    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+        return "userns+netns"
+    second = ctypes.get_errno()
+    raise OSError(
+        second,
+        f"no network namespace: unshare(CLONE_NEWNET): {os.strerror(first)}; "
+        f"with a user namespace: {os.strerror(second)}",
+    )
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))

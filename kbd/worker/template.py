@@ -110,6 +110,7 @@ class _Template:
             os.dup2(output_fd, 1)
             os.dup2(output_fd, 2)
             os.close(output_fd)
+            sandbox.keep_only_fds((worker_fd,))  # nothing of the template reaches a kernel
             code = child.main(socket.socket(fileno=worker_fd), parent)
         except BaseException:
             code = 70
