@@ -49,7 +49,7 @@ class Check:
 
 def doctor(args: Namespace) -> int:
     """Print every enforcement and whether it works; with --strict, exit 1 if one does not."""
-    print(machine_line())
+    print(f"kbd doctor: {machine_line()}")
     checks = anyio.run(run_checks)
     width = max(len(c.name) for c in checks)
     for check in checks:
@@ -66,7 +66,7 @@ def machine_line() -> str:
     uname = platform.uname()
     cgroup = "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"
     return (
-        f"kbd doctor: Linux {uname.release} {uname.machine}, {_cpu_model()}, "
+        f"Linux {uname.release} {uname.machine}, {_cpu_model()}, "
         f"uid {os.geteuid()}, cgroup {cgroup}"
     )
 
