@@ -3,7 +3,9 @@
 A descriptor is a mapping with one key, `Pipeline`, holding a list of single-key entries:
 
 - `pass: name` or `pass: name{k=v flag}`: an MLIR pass; a bare `flag` means `flag=true`.
-- `transform: script.mlir`: a transform-dialect script, run by the transform interpreter.
+- `transform: script.mlir` or `transform: script.mlir {var=value ...}`: a transform-dialect
+  script, run by the transform interpreter; every `$var` in the script's text is replaced by
+  `value`, so tile sizes and vector widths can be set from the descriptor that uses it.
 - `include: other.yaml` or `include: other.yaml {var=value ...}`: inline another descriptor;
   every `$var` in the included file's entries is replaced by `value` (whole names only, so
   `$tile` never touches `$tile_size`). Variables are not inherited: re-export them explicitly.
@@ -83,8 +85,10 @@ def _resolve_spec(spec: str, schedules_dir: Path, cwd: Path) -> list[Stage]:
         raise InputError(
             f"{where}: Python schedule generators are not supported; use a .mlir transform script"
         )
-    if text.endswith(".mlir"):
-        return [_transform_stage(_find_spec_file(text, schedules_dir, cwd, where), spec, where)]
+    head, variables = _target_and_variables(text, where)
+    if head.endswith(".mlir"):
+        path = _find_spec_file(head, schedules_dir, cwd, where)
+        return [_transform_stage(path, variables, spec, where)]
     if text.endswith(".yaml"):
         return _expand_file(_find_spec_file(text, schedules_dir, cwd, where), schedules_dir)
     if _PASS_NAME.fullmatch(text) and (schedules_dir / f"{text}.yaml").is_file():
@@ -126,8 +130,8 @@ def _expand_file(
         if key == "pass":
             stages.append(Stage("pass", _normalise_pass(value, where), str(path)))
         elif key == "transform":
-            script = _transform_path(value, path, schedules_dir, where)
-            stages.append(_transform_stage(script, str(path), where))
+            script, script_variables = _transform_path(value, path, schedules_dir, where)
+            stages.append(_transform_stage(script, script_variables, str(path), where))
         else:
             stages += _expand_include(value, path, schedules_dir, (*chain, path), where)
     return stages
@@ -182,7 +186,7 @@ def _substitute(text: str, variables: dict[str, str], where: str) -> str:
     def replace(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in variables:
-            raise InputError(f"{where}: unresolved variable ${name} (not set by an include)")
+            raise InputError(f"{where}: unresolved variable ${name} (not set by its user)")
         return variables[name]
 
     return _VARIABLE.sub(replace, text)
@@ -192,14 +196,9 @@ def _expand_include(
     value: str, including: Path, schedules_dir: Path, chain: tuple[Path, ...], where: str
 ) -> list[Stage]:
     """Stages of an `include: other.yaml {var=value}` entry."""
-    target, options = _split_braces(value, where)
+    target, variables = _target_and_variables(value, where)
     if not target.endswith(".yaml"):
         raise InputError(f"{where}: include expects a .yaml descriptor, got {target!r}")
-    variables = {}
-    for name, text in options:
-        if not _VARIABLE_NAME.fullmatch(name):
-            raise InputError(f"{where}: bad variable name {name!r}")
-        variables[name] = text
     path = _locate(target, including, schedules_dir, where)
     if path in chain:
         cycle = " -> ".join(p.name for p in (*chain, path))
@@ -207,24 +206,40 @@ def _expand_include(
     return _expand_file(path, schedules_dir, variables, chain)
 
 
-def _transform_stage(script: Path, source: str, where: str) -> Stage:
-    """A transform stage carrying its script's text (jobs are self-contained)."""
+def _transform_stage(script: Path, variables: dict[str, str], source: str, where: str) -> Stage:
+    """A transform stage carrying its script's text (jobs are self-contained), with the
+    entry's variables substituted into it."""
     try:
         text = script.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: cannot read transform script {script}: {exc}") from None
+    text = _substitute(text, variables, f"{where}: {script}")
     return Stage("transform", str(script), source, script=text)
 
 
-def _transform_path(value: str, including: Path, schedules_dir: Path, where: str) -> Path:
-    """The absolute path of a `transform: script.mlir` entry."""
+def _target_and_variables(value: str, where: str) -> tuple[str, dict[str, str]]:
+    """The file and the `{var=value ...}` of an include or transform entry, checked."""
+    target, options = _split_braces(value, where)
+    variables = {}
+    for name, text in options:
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise InputError(f"{where}: bad variable name {name!r}")
+        variables[name] = text
+    return target, variables
+
+
+def _transform_path(
+    value: str, including: Path, schedules_dir: Path, where: str
+) -> tuple[Path, dict[str, str]]:
+    """The absolute path and the variables of a `transform: script.mlir {var=value}` entry."""
     if _is_python(value):
         raise InputError(
             f"{where}: Python schedule generators are not supported; use a .mlir transform script"
         )
-    if not value.endswith(".mlir") or "{" in value or "[" in value:
+    target, variables = _target_and_variables(value, where)
+    if not target.endswith(".mlir") or "[" in target:
         raise InputError(f"{where}: transform expects a .mlir script path, got {value!r}")
-    return _locate(value, including, schedules_dir, where)
+    return _locate(target, including, schedules_dir, where), variables
 
 
 def _locate(relative: str, including: Path, schedules_dir: Path, where: str) -> Path:

@@ -174,6 +174,24 @@ def test_transform_entries(tmp_path):
     assert {stage.kind for stage in stages} == {"transform"}
 
 
+def test_transform_variables_reach_into_the_script(tmp_path):
+    write(tmp_path / "d" / "t.mlir", "tile_sizes [$m, $n] $m_n")
+    descriptor(tmp_path / "d" / "inner.yaml", "transform: t.mlir {m=$rows n=16 m_n=x}")
+    descriptor(tmp_path / "d" / "top.yaml", "include: inner.yaml {rows=8}")
+    (stage,) = resolve(tmp_path, "d/top.yaml")
+    assert stage.script == "tile_sizes [8, 16] x"
+    assert stage.text == str(tmp_path / "d" / "t.mlir")
+    (stage,) = resolve(tmp_path, "d/t.mlir{m=1 n=2 m_n=3}")
+    assert stage.script == "tile_sizes [1, 2] 3"
+
+
+def test_unset_script_variable_names_the_script(tmp_path):
+    script = write(tmp_path / "d" / "t.mlir", "tile_sizes [$m, $n]")
+    descriptor(tmp_path / "d" / "top.yaml", "transform: t.mlir {m=8}")
+    message = error(tmp_path, "d/top.yaml")
+    assert str(script) in message and "unresolved variable $n" in message
+
+
 def test_include_cycle(tmp_path):
     schedules = tmp_path / "schedules"
     descriptor(schedules / "a.yaml", "pass: cse", "include: b.yaml")
@@ -233,7 +251,8 @@ BAD_ENTRIES = [
     ("include: c.yaml {t=1 t=2}", "given twice"),
     ("transform: missing.mlir", "'missing.mlir' not found"),
     ("transform: gen.py[gen=f]", "use a .mlir transform script"),
-    ("transform: t.mlir{x}", "transform expects a .mlir script path"),
+    ("transform: t.mlir[x]", "transform expects a .mlir script path"),
+    ("transform: t.yaml {x=1}", "transform expects a .mlir script path"),
 ]
 
 

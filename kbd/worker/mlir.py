@@ -11,6 +11,7 @@ import ctypes
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from torch_mlir import fx, ir, passmanager
@@ -131,6 +132,19 @@ class _Diagnostics:
         return self.errors[0] if self.errors else None
 
 
+def set_target_features(module: ir.Module, features: Sequence[str]) -> None:
+    """Generate code for these CPU features (LLVM names, e.g. `+avx512f`) rather than only the
+    host's: sets `target_features` on every `llvm.func` of a module lowered to LLVM. Code built
+    for features the host lacks can be compiled and written out, but not run."""
+    with module.context:
+        attribute = ir.Attribute.parse(
+            "#llvm.target_features<[" + ", ".join(f'"{f}"' for f in features) + "]>"
+        )
+        for op in module.body.operations:
+            if op.operation.name == "llvm.func":
+                op.attributes["target_features"] = attribute
+
+
 class Compiled:
     """A JIT-compiled module whose entry takes (outputs..., inputs...) as memrefs."""
 
@@ -138,6 +152,10 @@ class Compiled:
         self._engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=[])
         runtime.register(self._engine)
         self._entry = self._engine.lookup(ENTRY)  # forces compilation now, not at first call
+
+    def write_object(self, path: Path) -> None:
+        """Write the compiled machine code as an object file (e.g. for objdump -d)."""
+        self._engine.dump_to_object_file(str(path))
 
     def __call__(self, buffers: Sequence[np.ndarray]) -> None:
         descriptors = [get_ranked_memref_descriptor(b) for b in buffers]

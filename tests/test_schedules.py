@@ -1,0 +1,89 @@
+"""Every family schedule under schedules/<arch>/ lowers a small kernel of its family and, when
+this CPU has the schedule's features, runs it and matches eager; a schedule for features the host
+lacks is compiled to machine code for those features (written as an object file, not run)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kbd import descriptor, target
+from kbd.worker import ingress, mlir
+
+SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
+ARCH, HOST_FEATURES = descriptor.host_target()
+
+
+class Matmul(torch.nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+# family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
+CASES = {
+    "matmul": [(Matmul, [(64, 64), (64, 64)]), (Matmul, [(32, 48), (48, 17)])],
+}
+
+
+def family_schedules() -> list[tuple[Path, str | None, str]]:
+    """(descriptor, feature or None, family) of every schedules/x86_64/[feature/]family/f32.yaml."""
+    found = []
+    for path in sorted((SCHEDULES / "x86_64").glob("**/f32.yaml")):
+        parts = path.relative_to(SCHEDULES / "x86_64").parts
+        feature = parts[0] if len(parts) == 3 else None
+        found.append((path, feature, parts[-2]))
+    return found
+
+
+def test_every_family_has_cases_and_every_feature_is_known():
+    for _, feature, family in family_schedules():
+        assert family in CASES
+        assert feature is None or feature in target.LLVM_FEATURES
+
+
+def lower(path: Path, module_class, shapes):
+    torch.manual_seed(0)
+    args = [torch.randn(shape) for shape in shapes]
+    module = mlir.import_model(module_class(), args)
+    out_types, _ = mlir.results_to_out_params(module)
+    for stage in descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/")):
+        mlir.apply_stage(module, stage)
+    return module, args, out_types
+
+
+@pytest.mark.parametrize(
+    ("path", "feature", "family"),
+    family_schedules(),
+    ids=[str(p.relative_to(SCHEDULES)) for p, _, _ in family_schedules()],
+)
+def test_family_schedule(path, feature, family, tmp_path):
+    for module_class, shapes in CASES[family]:
+        module, args, out_types = lower(path, module_class, shapes)
+        if ARCH == "x86_64" and (feature is None or feature in HOST_FEATURES):
+            compiled = mlir.Compiled(module, 3)
+            outputs = [np.zeros(t.dims, np.float32) for t in out_types]
+            compiled([*outputs, *ingress.buffers_from_args(args)])
+            expected = module_class()(*args).numpy()
+            np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4)
+        else:
+            mlir.set_target_features(module, target.LLVM_FEATURES.get(feature, ()))
+            compiled = mlir.Compiled(module, 3)
+            compiled.write_object(tmp_path / "kernel.o")
+            assert (tmp_path / "kernel.o").stat().st_size > 0
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump")
+def test_avx512_schedule_compiles_to_zmm_code_on_any_x86_host(tmp_path):
+    path = SCHEDULES / "x86_64" / "avx512f" / "matmul" / "f32.yaml"
+    module, _, _ = lower(path, Matmul, [(64, 64), (64, 64)])
+    mlir.set_target_features(module, target.LLVM_FEATURES["avx512f"])
+    mlir.Compiled(module, 3).write_object(tmp_path / "kernel.o")
+    assembly = subprocess.run(
+        ["objdump", "-d", str(tmp_path / "kernel.o")], capture_output=True, text=True, check=True
+    ).stdout
+    assert "vfmadd" in assembly and "zmm" in assembly
