@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from kbd import catalog, descriptor, limits, reports, scheduler, spec
+from kbd import catalog, containment, descriptor, limits, reports, scheduler, spec
 from kbd.catalog import Entry
 from kbd.errors import InputError
 from kbd.outcome import Record
@@ -183,6 +183,7 @@ def _plan(options: SweepSpec, store: Store | None):
             opt_level=options.opt_level,
             limits=Limits(
                 mem_limit=mem_limit,
+                hidden=containment.store_files(store.path) if store is not None else (),
                 sandbox=options.sandbox,
                 require_sandbox=options.require_sandbox,
             ),

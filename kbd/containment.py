@@ -47,6 +47,12 @@ def summary_lines(records: list[Record]) -> list[str]:
     ]
 
 
+def store_files(db: Path) -> tuple[str, ...]:
+    """The files of an SQLite database, which no worker may open."""
+    db = db.resolve()
+    return tuple(str(db) + suffix for suffix in ("", "-wal", "-shm", "-journal"))
+
+
 @contextlib.contextmanager
 def scratch_folder(kernel: str) -> Iterator[Path]:
     """A fresh, private folder for one worker's temporary files, removed afterwards."""

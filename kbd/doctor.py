@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import psutil
 
-from kbd import catalog, limits
+from kbd import catalog, containment, limits
 from kbd.catalog import Entry
 from kbd.containment import NOT_ENFORCED
 from kbd.outcome import Record
@@ -34,6 +34,7 @@ from kbd.store import Store
 PROBE_SOURCE = Path(__file__).resolve().parent / "worker" / "probe_kernel.py"
 PREFIX = "kbd-probe "  # = probe_kernel.PREFIX (that module imports torch)
 TARGETS_ENV = "KBD_PROBE_TARGETS"
+STORE_ENV = "KBD_PROBE_STORE"
 MARKER = "86400.456"
 PROBE_MEM_LIMIT = 2 << 30  # the probe allocates 4 GiB
 PROBE_TIMEOUT_S = 1.0
@@ -80,13 +81,16 @@ async def run_checks() -> list[Check]:
             **os.environ,
             **limits.thread_env(1),
             TARGETS_ENV: os.pathsep.join(str(t) for t in dict.fromkeys(targets)),
+            STORE_ENV: str(store.path),
         }
         try:
             async with Spawner.started(env, work / "logs" / "template.log") as spawner:
                 core = limits.usable_cores()[-1]
 
+                hidden = containment.store_files(store.path)
+
                 async def probe(check: str, **options) -> Record:
-                    return await _probe(spawner, work, check, core=core, **options)
+                    return await _probe(spawner, work, check, core=core, hidden=hidden, **options)
 
                 return [
                     _memory(await probe("memory", mem_limit=PROBE_MEM_LIMIT)),
@@ -107,6 +111,7 @@ async def _probe(
     check: str,
     *,
     core: int,
+    hidden: tuple[str, ...],
     mem_limit: int | None = None,
     timeout: float = CHECK_TIMEOUT_S,
 ) -> Record:
@@ -135,7 +140,7 @@ async def _probe(
         tolerance=0.01,
         max_tolerance=1.0,
         opt_level=0,
-        limits=Limits(cores=(core,), mem_limit=mem_limit),
+        limits=Limits(cores=(core,), mem_limit=mem_limit, hidden=hidden),
     )
     return await run_kernel(
         spawner, entry, job, timeout=timeout, log_path=work / "logs" / f"{check}.log"
@@ -199,9 +204,14 @@ def _filesystem(record: Record, store: Path) -> Check:
         return Check(name, False, f"{reason}; a kernel wrote into {', '.join(found['written'])}")
     if not found["scratch"].startswith("writable"):
         return Check(name, False, f"{enforced}; but scratch is {found['scratch']}")
+    if found["store"] == "ok":
+        return Check(name, False, f"{enforced}; but a kernel could read the store {store}")
     denied = ", ".join(found["denied"])
     return Check(
-        name, True, f"{enforced}; denied writing {denied} (store {store}); scratch writable"
+        name,
+        True,
+        f"{enforced}; denied writing {denied}; reading the store: {found['store']}; "
+        "scratch writable",
     )
 
 

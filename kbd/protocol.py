@@ -69,10 +69,12 @@ class Limits(msgspec.Struct, frozen=True):
     cores: tuple[int, ...] = ()
     mem_limit: int | None = None  # bytes of RLIMIT_DATA; None = unlimited
     # Containment (kbd/worker/contain.py): the worker may write only beneath `scratch` and
-    # `writable`; `sandbox=False` turns filesystem and network containment off; with
-    # `require_sandbox` a missing mechanism is the kernel's error instead of a note.
+    # `writable`, and may not even read `hidden` (the results store); `sandbox=False` turns
+    # filesystem and network containment off; with `require_sandbox` a missing mechanism is
+    # the kernel's error instead of a note.
     scratch: str | None = None
     writable: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
     sandbox: bool = True
     require_sandbox: bool = False
 

@@ -80,7 +80,8 @@ def test_escapes_are_stopped_and_the_rest_passes(contained):
     }
     assert records["level9/11_home_write"]["message"].startswith("PermissionError")
     assert records["level9/12_tcp_loopback"]["message"].startswith("PermissionError")
-    assert "readonly database" in records["level9/13_store_write"]["message"]
+    # the store is not even readable: sqlite cannot open it
+    assert "unable to open database file" in records["level9/13_store_write"]["message"]
 
 
 @needs_landlock
@@ -178,3 +179,33 @@ def test_summary_lines_count_kernels_per_reason():
     assert containment.summary_lines(records) == [
         "containment: filesystem not enforced for 2 kernels: no Landlock"
     ]
+
+
+@needs_landlock
+def test_hidden_paths_are_unreadable_even_through_a_symlinked_ancestor(tmp_path):
+    """The store stays unreadable although a sibling symlink points at its folder (as pytest's
+    `pytest-current` does), while its neighbours stay readable and nothing is writable."""
+    store = tmp_path / "run" / ".kbd"
+    store.mkdir(parents=True)
+    (store / "results.db").write_text("secret")
+    (store / "neighbour.log").write_text("fine")
+    (tmp_path / "current").symlink_to(tmp_path / "run")
+    code = (
+        "import sys\n"
+        "from kbd.worker import landlock\n"
+        "landlock.restrict([], [], [sys.argv[1] + '/run/.kbd/results.db'])\n"
+        "def attempt(path, mode='r'):\n"
+        "    try:\n"
+        "        open(path, mode).close()\n"
+        "        return 'ok'\n"
+        "    except PermissionError:\n"
+        "        return 'denied'\n"
+        "print(attempt(sys.argv[1] + '/run/.kbd/results.db'),\n"
+        "      attempt(sys.argv[1] + '/current/.kbd/results.db'),\n"
+        "      attempt(sys.argv[1] + '/run/.kbd/neighbour.log'),\n"
+        "      attempt(sys.argv[1] + '/run/.kbd/new', 'w'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
+    )
+    assert result.stdout.split() == ["denied", "denied", "ok", "denied"], result.stderr

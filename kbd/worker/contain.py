@@ -3,9 +3,9 @@
 Applied once, right after the job arrives and while the worker is still single-threaded
 (namespaces and Landlock bind the calling thread and what it starts later):
 
-- filesystem: Landlock makes everything read-only (the results store, levels files, the home
-  folder, the repository) except the worker's scratch folder, the job's extra writable paths
-  and a few harmless device files;
+- filesystem: Landlock makes everything read-only (levels files, the home folder, the
+  repository) except the worker's scratch folder, the job's extra writable paths and a few
+  harmless device files, and the job's hidden paths (the results store) not even readable;
 - network: a fresh network namespace (loopback down, no other device), a seccomp filter that
   denies socket(2), and Landlock's TCP bind/connect denial; any one of them is enough to
   stop a kernel reaching a network, each is applied where the kernel allows and recorded;
@@ -43,7 +43,7 @@ def contain(limits: Limits) -> dict[str, str]:
     writable = [p for p in (limits.scratch, *limits.writable) if p]
     files = [p for p in sandbox.WRITABLE_FILES if os.path.exists(p)]
     try:
-        applied = landlock.restrict(writable, files)
+        applied = landlock.restrict(writable, files, list(limits.hidden))
         filesystem = applied.describe_fs()
         if applied.net:
             network.append("landlock TCP bind/connect denied")

@@ -59,11 +59,13 @@ class Applied:
 
     abi: int
     writable: tuple[str, ...]
+    hidden: tuple[str, ...]  # not even readable
     net: bool  # TCP bind and connect denied
     scoped: bool  # abstract Unix sockets and signals confined to the worker
 
     def describe_fs(self) -> str:
-        return f"landlock ABI {self.abi}: read-only except {', '.join(self.writable)}"
+        text = f"landlock ABI {self.abi}: read-only except {', '.join(self.writable)}"
+        return text + (f"; unreadable {_brace(self.hidden)}" if self.hidden else "")
 
 
 def abi_version() -> int:
@@ -79,9 +81,10 @@ def abi_version() -> int:
     return version
 
 
-def restrict(writable: list[str], files: list[str]) -> Applied:
+def restrict(writable: list[str], files: list[str], hidden: list[str] = ()) -> Applied:
     """Make everything read-only except beneath the `writable` directories and the `files`
-    (e.g. /dev/null); deny TCP bind/connect when the ABI can. Irreversible for this process."""
+    (e.g. /dev/null), and the `hidden` paths not even readable; deny TCP bind/connect when
+    the ABI can. Irreversible for this process."""
     abi = abi_version()
     # IOCTL_DEV (ABI 5) is left unhandled: device ioctls are not file writes.
     handled = _ABI1_FS | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
@@ -95,7 +98,8 @@ def restrict(writable: list[str], files: list[str]) -> Applied:
     if ruleset < 0:
         raise _error("landlock_create_ruleset")
     try:
-        _allow(ruleset, "/", READ_ONLY)
+        for path, access in readable(hidden):
+            _allow(ruleset, path, access, optional=path != "/")
         for path in writable:
             _allow(ruleset, path, handled)
         for path in files:
@@ -106,11 +110,56 @@ def restrict(writable: list[str], files: list[str]) -> Applied:
             raise _error("landlock_restrict_self")
     finally:
         os.close(ruleset)
-    return Applied(abi=abi, writable=(*writable, *files), net=abi >= 4, scoped=abi >= 6)
+    return Applied(
+        abi=abi, writable=(*writable, *files), hidden=tuple(hidden), net=abi >= 4, scoped=abi >= 6
+    )
 
 
-def _allow(ruleset: int, path: str, access: int) -> None:
-    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+def readable(hidden: list[str]) -> list[tuple[str, int]]:
+    """Read rules covering the whole tree but the `hidden` paths.
+
+    Rules only ever grant, and a rule covers everything beneath its path, so a hidden path's
+    ancestors get none: each ancestor's other entries get read/execute rules of their own.
+    Directories stay listable everywhere (READ_DIR on `/`); entries created in an ancestor
+    after this runs are not readable. (A hard link to a hidden file elsewhere would stay
+    readable: only the store's owner could make one.)
+    """
+    if not hidden:
+        return [("/", READ_ONLY)]
+    hidden_set = {os.path.realpath(p) for p in hidden}
+    ancestors = {"/"}
+    for path in hidden_set:
+        parent = os.path.dirname(path)
+        while parent not in ancestors:
+            ancestors.add(parent)
+            parent = os.path.dirname(parent)
+    rules = [("/", READ_DIR)]
+    for ancestor in sorted(ancestors):
+        with os.scandir(ancestor) as entries:
+            for entry in entries:
+                # Landlock judges the resolved path, so symlinks need no rule of their own; and
+                # opening one would put the rule on its target, perhaps a hidden path's ancestor
+                if entry.is_symlink() or entry.path in ancestors or entry.path in hidden_set:
+                    continue
+                rules.append((entry.path, EXECUTE | READ_FILE))
+    return rules
+
+
+def _brace(paths: tuple[str, ...]) -> str:
+    """`/a/db{,-wal,-shm}` for paths sharing the first one as a prefix, else a list."""
+    first = paths[0]
+    if len(paths) > 1 and all(p.startswith(first) for p in paths):
+        return first + "{" + ",".join(p[len(first) :] for p in paths) + "}"
+    return ", ".join(paths)
+
+
+def _allow(ruleset: int, path: str, access: int, *, optional: bool = False) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if optional:  # a dangling symlink, or an entry removed meanwhile
+            return
+        raise
     try:
         rule = _PathBeneathAttr(allowed_access=access, parent_fd=fd)
         if _libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:

@@ -20,6 +20,7 @@ import torch.nn as nn
 
 PREFIX = "kbd-probe "
 TARGETS_ENV = "KBD_PROBE_TARGETS"  # os.pathsep-separated folders a kernel must not write
+STORE_ENV = "KBD_PROBE_STORE"  # a results database the kernel must not even read
 MARKER = "86400.456"  # argument of the sleeps the cleanup check leaves behind
 
 
@@ -41,7 +42,13 @@ def _filesystem() -> dict:
         scratch_state = f"writable ({tempfile.gettempdir()})"
     except OSError as exc:
         scratch_state = f"not writable: {exc}"
-    return {"written": written, "denied": denied, "scratch": scratch_state}
+    try:
+        with open(os.environ[STORE_ENV], "rb") as store:
+            store.read(16)
+        store_state = "ok"
+    except OSError as exc:
+        store_state = f"{type(exc).__name__}: {exc.strerror}"
+    return {"written": written, "denied": denied, "scratch": scratch_state, "store": store_state}
 
 
 def _network() -> dict:
