@@ -83,6 +83,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         choices=range(4),
         help="LLVM optimization level of the JIT (default 3)",
     )
+    comp.add_argument(
+        "--no-import-cache",
+        action="store_true",
+        help="import every kernel afresh; neither read nor write the import cache "
+        "(.kbd/import-cache, imported MLIR by content address)",
+    )
     lim = parser.add_argument_group("workers and limits")
     lim.add_argument(
         "-j",

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from kbd import catalog, containment, descriptor, limits, reports, scheduler, spec
+from kbd import catalog, containment, descriptor, import_cache, limits, reports, scheduler, spec
 from kbd.catalog import Entry
 from kbd.errors import InputError
 from kbd.outcome import Record
@@ -164,6 +164,7 @@ def _plan(options: SweepSpec, store: Store | None):
         else None
     )
     mem_limit = options.mem_limit
+    cache_dir = Path(options.cwd) / ".kbd" / import_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
     for entry in entries:
@@ -188,6 +189,8 @@ def _plan(options: SweepSpec, store: Store | None):
                 require_sandbox=options.require_sandbox,
             ),
         )
+        if options.import_cache:
+            job = import_cache.attach(job, cache_dir, import_cache.DEFAULT_MAX_BYTES)
         previous = past.get(entry.name)
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
@@ -229,7 +232,8 @@ def _hash(value) -> str:
     for name in ("torch", "torch-mlir"):
         digest.update(f"{name}={_version(name)}".encode())
     for job in jobs:
-        digest.update(msgspec.msgpack.encode(msgspec.structs.replace(job, limits=Limits())))
+        bare = msgspec.structs.replace(job, limits=Limits(), import_cache=None)
+        digest.update(msgspec.msgpack.encode(bare))
     return digest.hexdigest()[:16]
 
 

@@ -33,6 +33,7 @@ class Record(msgspec.Struct, kw_only=True):
     limits: dict[str, str] = {}
     expected: str | None = None  # the xfail expectation, when the entry has one
     log: str | None = None
+    import_cache: str | None = None  # "hit" or "miss" when the import cache was used
 
     @property
     def failed(self) -> bool:

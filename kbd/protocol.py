@@ -8,6 +8,9 @@ Frames are a 4-byte big-endian length followed by a msgpack payload. Two channel
 - supervisor <-> template (the warm process that forks workers), on a Unix socket: `Spawn`
   (the worker's socket end travels with it as SCM_RIGHTS), answered by `Spawned` and, when the
   worker is reaped, `Exited`.
+- client <-> daemon (kbd.daemon), on the daemon's owner-only Unix socket: the client's first
+  frame is `Hello`, answered by `Welcome`; then one `DaemonRequest` per exchange. Frames from
+  clients are bounded by `MAX_CLIENT_FRAME`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from kbd.outcomes import Outcome
 from kbd.shapes import Shape
 
 MAX_FRAME = 16 * 1024 * 1024
+MAX_CLIENT_FRAME = 1024 * 1024  # what a daemon accepts from a client
 _HEADER = struct.Struct(">I")
 
 
@@ -79,6 +83,19 @@ class Limits(msgspec.Struct, frozen=True):
     require_sandbox: bool = False
 
 
+class ImportCache(msgspec.Struct, frozen=True):
+    """The import cache's part of a job (the supervisor owns the cache; workers never write it).
+
+    `module` is the cached MLIR of the imported, parameter-lifted model, already verified by the
+    supervisor; None means the worker imports and sends the module back in an `Imported` frame.
+    """
+
+    key: str
+    directory: str  # where the supervisor keeps entries (workers never touch it)
+    max_bytes: int
+    module: str | None = None
+
+
 class Job(msgspec.Struct, frozen=True):
     """Everything a worker needs to run one kernel."""
 
@@ -95,6 +112,7 @@ class Job(msgspec.Struct, frozen=True):
     max_tolerance: float
     opt_level: int
     limits: Limits
+    import_cache: ImportCache | None = None  # None: import without the cache
 
 
 # --- worker -> supervisor -------------------------------------------------------------------
@@ -119,7 +137,14 @@ class Result(msgspec.Struct, frozen=True, tag="result"):
     limits_enforced: dict[str, str] = {}
 
 
-WorkerMessage = Phase | Result
+class Imported(msgspec.Struct, frozen=True, tag="imported"):
+    """A freshly imported module, for the supervisor to store in the import cache."""
+
+    key: str
+    module: str
+
+
+WorkerMessage = Phase | Result | Imported
 
 
 # --- supervisor <-> template ----------------------------------------------------------------
@@ -176,20 +201,20 @@ def decode(payload: bytes, kind: Any) -> Any:
         raise ProtocolError(f"undecodable frame: {exc}") from None
 
 
-def frame_length(header: bytes) -> int:
-    """Length of the payload announced by a 4-byte header; rejects oversized frames."""
+def frame_length(header: bytes, limit: int = MAX_FRAME) -> int:
+    """Length of the payload announced by a 4-byte header; rejects frames over `limit`."""
     (length,) = _HEADER.unpack(header)
-    if length > MAX_FRAME:
-        raise ProtocolError(f"frame of {length} bytes announced, limit is {MAX_FRAME}")
+    if length > limit:
+        raise ProtocolError(f"frame of {length} bytes announced, limit is {limit}")
     return length
 
 
-async def receive(stream: Any, kind: Any) -> Any:
+async def receive(stream: Any, kind: Any, limit: int = MAX_FRAME) -> Any:
     """Read one frame from an anyio BufferedByteReceiveStream.
 
     A stream that ends before or inside a frame raises anyio.IncompleteRead.
     """
-    length = frame_length(await stream.receive_exactly(_HEADER.size))
+    length = frame_length(await stream.receive_exactly(_HEADER.size), limit)
     return decode(await stream.receive_exactly(length), kind)
 
 

@@ -20,11 +20,11 @@ import msgspec
 import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import containment, protocol
+from kbd import containment, import_cache, protocol
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
-from kbd.protocol import Job, Phase, Result, WorkerMessage
+from kbd.protocol import Imported, Job, Phase, Result, WorkerMessage
 from kbd.spawner import Spawner, Worker
 
 LOG_CAP_BYTES = 32 << 20
@@ -44,6 +44,7 @@ class _State:
     protocol_error: str | None = None
     exit_code: int | None = None
     exit_peak: int = 0
+    imported: Imported | None = None  # a fresh module for the import cache
     log_bytes: int = 0
     drained: anyio.Event = field(default_factory=anyio.Event)
 
@@ -69,6 +70,7 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
     started = time.monotonic()
     state = _State()
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    job = await _with_cached_import(job)
     worker = await spawner.spawn()
     try:
         with open(log_path, "wb") as log:
@@ -88,7 +90,23 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
         os.close(worker.output_fd)
         with contextlib.suppress(OSError):
             await worker.channel.aclose()
+    if state.imported is not None:
+        with contextlib.suppress(OSError):  # a full disk costs the cache entry, not the result
+            module = state.imported.module
+            await anyio.to_thread.run_sync(import_cache.store, job.import_cache, module)
     return _record(entry, job, state, time.monotonic() - started, timeout, log_path)
+
+
+async def _with_cached_import(job: Job) -> Job:
+    """The job with its import cache entry's text, when there is a valid one."""
+    if job.import_cache is None:
+        return job
+    module = await anyio.to_thread.run_sync(import_cache.lookup, job.import_cache)
+    if module is None:
+        return job
+    return msgspec.structs.replace(
+        job, import_cache=msgspec.structs.replace(job.import_cache, module=module)
+    )
 
 
 async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_memory) -> None:
@@ -105,7 +123,7 @@ async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_m
                 entry.name,
                 group.cancel_scope,
             )
-            await _receive(worker, state, entry.name, on_phase)
+            await _receive(worker, job, state, entry.name, on_phase)
             if state.protocol_error is None:
                 exited = await spawner.wait(worker.pid)
                 state.exit_code = exited.returncode
@@ -114,7 +132,7 @@ async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_m
     state.timed_out = deadline.cancelled_caught
 
 
-async def _receive(worker: Worker, state: _State, kernel: str, on_phase) -> None:
+async def _receive(worker: Worker, job: Job, state: _State, kernel: str, on_phase) -> None:
     stream = BufferedByteReceiveStream(worker.channel)
     try:
         while state.result is None:
@@ -122,6 +140,9 @@ async def _receive(worker: Worker, state: _State, kernel: str, on_phase) -> None
             if isinstance(message, Phase):
                 state.phase = message.name
                 on_phase(kernel, message.name)
+            elif isinstance(message, Imported):
+                if job.import_cache is not None and message.key == job.import_cache.key:
+                    state.imported = message
             else:
                 state.result = message
     except (
@@ -251,7 +272,17 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
         limits=limits,
         expected=str(entry.xfail) if entry.xfail else None,
         log=str(log_path),
+        import_cache=_cache_use(job, state),
     )
+
+
+def _cache_use(job: Job, state: _State) -> str | None:
+    """'hit' when a cached module was given to the worker, 'miss' when it imported afresh."""
+    if job.import_cache is None:
+        return None
+    if state.imported is not None or job.import_cache.module is None:
+        return "miss"
+    return "hit"
 
 
 def _limits(job: Job, timeout: float) -> dict[str, str]:

@@ -51,6 +51,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     tolerance: float = 0.01  # rtol = atol required to pass
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
     opt_level: int = 3  # LLVM optimisation level of the JIT
+    import_cache: bool = True  # reuse imported MLIR from <cwd>/.kbd/import-cache
     # workers and limits
     jobs: int | None = None  # parallel workers; None = one per usable core
     timeout: float = 600.0  # seconds per kernel
@@ -87,6 +88,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         tolerance=args.tolerance,
         max_tolerance=args.max_tolerance,
         opt_level=args.opt_level,
+        import_cache=not args.no_import_cache,
         jobs=args.jobs,
         timeout=args.timeout,
         mem_limit=_optional_size(args.mem_limit, "--mem-limit"),

@@ -48,7 +48,9 @@ def main(sock: socket.socket, parent: int) -> int:
             limits_enforced=enforced,
         )
     else:
-        result = job_runner.run(job, announce, enforced)
+        result = job_runner.run(
+            job, announce, enforced, lambda message: protocol.send_blocking(sock, message)
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     protocol.send_blocking(sock, result)

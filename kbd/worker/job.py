@@ -14,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from kbd.protocol import Job, Result
-from kbd.worker import check, ingress, mlir
+from kbd.protocol import Imported, Job, Result
+from kbd.worker import cached_import, check, ingress, mlir
 
 _MEMORY_MARKERS = ("can't allocate memory", "out of memory", "unable to allocate", "bad_alloc")
 
@@ -43,16 +43,23 @@ class _Step:
         return False
 
 
-def run(job: Job, announce: Callable[[str], None], limits_enforced: dict[str, str]) -> Result:
-    """Run the job and return its result; never raises for a kernel's own failure."""
+def run(
+    job: Job,
+    announce: Callable[[str], None],
+    limits_enforced: dict[str, str],
+    send: Callable[[Imported], None] = lambda message: None,
+) -> Result:
+    """Run the job and return its result; never raises for a kernel's own failure.
+
+    `send` carries a freshly imported module to the supervisor's import cache."""
     step = _Step(announce)
     try:
-        return _run(job, step, limits_enforced)
+        return _run(job, step, limits_enforced, send)
     except BaseException as exc:  # the kernel's failure, whatever it raises, is data
         return _failure(exc, step, limits_enforced)
 
 
-def _run(job: Job, step: _Step, limits_enforced: dict[str, str]) -> Result:
+def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result:
     with step("load"):
         ingress.seed_everything(job.seed)
         problem = ingress.load_problem(job.source, job.source_text)
@@ -70,7 +77,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str]) -> Result:
         lifted, lifted_args = ingress.lift_parameters(*ingress.bind_scalars(model, args))
         weights = ingress.buffers_from_args(lifted_args[: len(lifted_args) - len(inputs)])
         inputs = [*weights, *inputs]
-        module = mlir.import_model(lifted, lifted_args)
+        module = cached_import.import_module(job, lifted, lifted_args, send)
         out_types, in_types = mlir.results_to_out_params(module)
         _check_signature(job, out_types, in_types, expected, inputs)
     for stage in job.stages:

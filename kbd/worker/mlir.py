@@ -45,6 +45,17 @@ def import_model(model, args: Sequence) -> ir.Module:
     )
 
 
+def module_text(module: ir.Module) -> str:
+    """The module as MLIR text, complete (no elided constants), for the import cache."""
+    return module.operation.get_asm(large_elements_limit=None, enable_debug_info=False)
+
+
+def parse_module(text: str) -> ir.Module:
+    """Parse MLIR text (e.g. an import cache entry) into a module with its own context."""
+    with ir.Context(), ir.Location.unknown():
+        return ir.Module.parse(text)
+
+
 def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[BufferType]]:
     """Rewrite `@main(tensors) -> tensors` into `@main(out memrefs..., in memrefs...)`.
 

@@ -1,0 +1,137 @@
+"""The import cache: imported MLIR by content address, under .kbd/import-cache/ (supervisor side).
+
+The import (torch.export plus torch-mlir's FX importer, about 0.8 s per kernel) depends only on
+the kernel's source, its input and init specs, dtype and seed, the torch and torch-mlir versions
+and kbd's ingress code; pipelines come after it. So a re-sweep with another pipeline, or a rerun,
+can skip it. An entry is the module as imported *after* the parameters were lifted into
+arguments (kbd.worker.ingress.lift_parameters): the weights still come from the model at run time.
+
+Entry files are `<dir>/<key[:2]>/<key>.mlir`: a header line with the body's size and sha256,
+then the MLIR text. An entry whose header, size or checksum does not match is deleted and
+rebuilt, never used. Writes go to a temporary file renamed into place; after each write the
+least recently used entries are evicted until the cache is within its bound.
+
+Only the supervisor reads and writes entries: it puts a verified entry's text in the job, and
+stores the module a worker sends back (`Imported`) under the key it chose itself. Workers need no
+access to the cache directory at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import msgspec
+
+from kbd.protocol import ImportCache, Job
+
+FORMAT = "kbd-import-cache 1"
+DEFAULT_MAX_BYTES = 1 << 30
+DIRECTORY = "import-cache"  # under .kbd/
+# kbd code the imported module depends on (hashed into every key).
+_INGRESS_CODE = ("worker/ingress.py", "worker/decompositions.py", "worker/mlir.py")
+_KBD_DIR = Path(__file__).resolve().parent
+
+
+def key(job: Job) -> str:
+    """The content address of the job's imported module."""
+    digest = hashlib.sha256()
+    digest.update(_environment())
+    digest.update(job.source_text.encode())
+    spec = (job.inputs, job.init_args, job.dtype, job.seed)
+    digest.update(msgspec.msgpack.encode(spec))
+    return digest.hexdigest()
+
+
+def attach(job: Job, directory: Path, max_bytes: int) -> Job:
+    """The job with its import cache settings (directory absolute, no module yet)."""
+    settings = ImportCache(key=key(job), directory=str(directory.resolve()), max_bytes=max_bytes)
+    return msgspec.structs.replace(job, import_cache=settings)
+
+
+def lookup(cache: ImportCache) -> str | None:
+    """The verified text of the entry for `cache.key`, or None (absent, or corrupt: removed)."""
+    path = _path(cache)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    text = _verified(data)
+    if text is None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: evicted last
+    return text
+
+
+def store(cache: ImportCache, module: str) -> None:
+    """Write an entry atomically, then evict the least recently used beyond the bound."""
+    body = module.encode()
+    header = f"{FORMAT} size={len(body)} sha256={hashlib.sha256(body).hexdigest()}\n".encode()
+    path = _path(cache)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header + body)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    evict(Path(cache.directory), cache.max_bytes)
+
+
+def evict(directory: Path, max_bytes: int) -> None:
+    """Remove least recently used entries until the cache holds at most `max_bytes`."""
+    entries = []
+    for path in directory.glob("*/*.mlir"):
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(OSError):
+            path.unlink()
+        total -= size
+
+
+def _verified(data: bytes) -> str | None:
+    header, newline, body = data.partition(b"\n")
+    if not newline:
+        return None
+    fields = header.decode("ascii", "replace").split(" ")
+    expected = f"{FORMAT} size={len(body)} sha256={hashlib.sha256(body).hexdigest()}"
+    if " ".join(fields) != expected:
+        return None
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _path(cache: ImportCache) -> Path:
+    return Path(cache.directory) / cache.key[:2] / f"{cache.key}.mlir"
+
+
+@functools.cache
+def _environment() -> bytes:
+    """Tool versions and a hash of kbd's ingress code: part of every key."""
+    parts = [FORMAT]
+    for name in ("torch", "torch-mlir"):
+        try:
+            parts.append(f"{name}={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{name}=missing")
+    for relative in _INGRESS_CODE:
+        parts.append(hashlib.sha256((_KBD_DIR / relative).read_bytes()).hexdigest())
+    return "\n".join(parts).encode()

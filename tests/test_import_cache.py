@@ -1,0 +1,99 @@
+"""The import cache: content addresses, verified entries, eviction, and real sweeps that use it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from kbd import import_cache
+from kbd.protocol import ImportCache, Job, Limits
+from tests.conftest import fixture_args, json_records, kbd
+
+MODULE = "module {\n  func.func @main() {\n    return\n  }\n}\n"
+
+
+def _job(**changes) -> Job:
+    job = Job(
+        kernel="level1/k.py",
+        source="/kb/level1/k.py",
+        source_text="class Model: ...\n",
+        inputs=None,
+        init_args=None,
+        outputs=None,
+        dtype="f32",
+        stages=[],
+        seed=0,
+        tolerance=0.01,
+        max_tolerance=1.0,
+        opt_level=3,
+        limits=Limits(),
+    )
+    return msgspec.structs.replace(job, **changes)
+
+
+def _cache(tmp_path: Path, key: str = "ab" * 32, max_bytes: int = 1 << 20) -> ImportCache:
+    return ImportCache(key=key, directory=str(tmp_path / "cache"), max_bytes=max_bytes)
+
+
+def test_key_follows_what_the_import_depends_on():
+    base = import_cache.key(_job())
+    assert import_cache.key(_job()) == base
+    assert import_cache.key(_job(dtype="f64")) != base
+    assert import_cache.key(_job(seed=1)) != base
+    assert import_cache.key(_job(init_args=[3])) != base
+    # pipelines, tolerances and limits come after the import: same entry
+    assert import_cache.key(_job(opt_level=0, tolerance=0.1)) == base
+    assert import_cache.key(_job(source_text="class Model: pass\n")) != base
+    assert import_cache.key(_job(source="/elsewhere/k.py")) == base  # content, not place
+
+
+def test_entry_round_trips(tmp_path):
+    cache = _cache(tmp_path)
+    assert import_cache.lookup(cache) is None
+    import_cache.store(cache, MODULE)
+    assert import_cache.lookup(cache) == MODULE
+
+
+def test_corrupt_or_truncated_entries_are_removed_never_used(tmp_path):
+    cache = _cache(tmp_path)
+    path = Path(cache.directory) / cache.key[:2] / f"{cache.key}.mlir"
+    for damage in (
+        lambda data: data[:-5],  # truncated
+        lambda data: data.replace(b"return", b"retvrn"),  # flipped bytes, same size
+        lambda data: data.split(b"\n", 1)[1],  # header lost
+        lambda data: b"",
+    ):
+        import_cache.store(cache, MODULE)
+        path.write_bytes(damage(path.read_bytes()))
+        assert import_cache.lookup(cache) is None
+        assert not path.exists()
+
+
+def test_least_recently_used_entries_are_evicted(tmp_path):
+    size = len(MODULE) + 120  # body plus header
+    caches = [_cache(tmp_path, key=f"{i:02d}" * 32, max_bytes=3 * size) for i in range(4)]
+    for age, cache in enumerate(caches[:3]):
+        import_cache.store(cache, MODULE)
+        path = Path(cache.directory) / cache.key[:2] / f"{cache.key}.mlir"
+        os.utime(path, (1000 + age, 1000 + age))
+    assert import_cache.lookup(caches[0]) == MODULE  # used now: the newest
+    import_cache.store(caches[3], MODULE)
+    present = [import_cache.lookup(c) is not None for c in caches]
+    assert present == [True, False, True, True]
+
+
+def test_rerun_hits_the_cache_rebuilds_damage_and_can_bypass_it(tmp_path):
+    args = fixture_args("level1/2_", "level1/3_", "--json", "-j", "1")
+    first = json_records(kbd("run", *args, cwd=tmp_path).stdout)
+    assert {r["import_cache"] for r in first.values()} == {"miss"}
+    entries = sorted((tmp_path / ".kbd" / "import-cache").glob("*/*.mlir"))
+    assert len(entries) == 2
+    entries[0].write_bytes(entries[0].read_bytes()[:-10])  # truncated: rebuilt, not used
+    second = json_records(kbd("run", *args, cwd=tmp_path).stdout)
+    assert sorted(r["import_cache"] for r in second.values()) == ["hit", "miss"]
+    bypass = json_records(kbd("run", *args, "--no-import-cache", cwd=tmp_path).stdout)
+    assert {r["import_cache"] for r in bypass.values()} == {None}
+    for records in (first, second, bypass):
+        assert {r["outcome"] for r in records.values()} == {"pass"}
