@@ -223,7 +223,61 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 1 when any enforcement does not work (for CI)",
     )
+    _daemon_parser(sub)
     return parser
+
+
+def _daemon_parser(sub) -> None:
+    daemon = sub.add_parser(
+        "daemon",
+        help="a long-lived warm runner shared by kbd commands (run, start, stop, status)",
+        description="One daemon per user and results database keeps warm templates, runs the "
+        "sweeps of every client from one queue with one memory budget, and outlives the "
+        "terminal. Its socket is owner-only; it exits after --idle-timeout without work.",
+    )
+    commands = daemon.add_subparsers(dest="daemon_command", metavar="ACTION", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run a daemon in the foreground (for systemd: Type=notify)",
+        description="Run the daemon in this process, logging to stderr, until it is stopped, "
+        "idle for --idle-timeout, or sent SIGTERM.",
+    )
+    start = commands.add_parser(
+        "start",
+        help="start a daemon in the background unless one runs; replace a stale one",
+        description="Start a daemon in its own session (log in its state directory) and wait "
+        "until it is ready. A running daemon of other code is replaced when idle.",
+    )
+    for parser in (run, start):
+        parser.add_argument(
+            "--idle-timeout",
+            type=float,
+            default=1800.0,
+            metavar="SECONDS",
+            help="exit after this long without clients or work (default 1800; 0: never)",
+        )
+    run.add_argument("--log", metavar="FILE", help="append output to FILE instead of stderr")
+    run.add_argument(
+        "--mem-budget",
+        metavar="SIZE",
+        help="memory all kernels of all sweeps may use together (default: 75%% of available)",
+    )
+    stop = commands.add_parser(
+        "stop",
+        help="stop the daemon (never starts one)",
+        description="Stop admitting kernels, let running ones finish, mark unfinished sweeps "
+        "interrupted (resumable) and exit.",
+    )
+    stop.add_argument("--now", action="store_true", help="kill running kernels instead")
+    status = commands.add_parser(
+        "status",
+        help="show the daemon (never starts one; exit status 3 when none runs)",
+        description="Show the daemon's pid, code, state directory, log, cores, memory, "
+        "templates and sweeps. Exit status 3 when no daemon runs.",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    for parser in (run, start, stop, status):
+        _db_option(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             from kbd import doctor
 
             return doctor.doctor(args)
+        if args.command == "daemon":
+            from kbd.daemon import commands as daemon_commands
+
+            return daemon_commands.main(args)
         from kbd import history
 
         if args.command == "results":

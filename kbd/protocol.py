@@ -237,3 +237,105 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
             raise EOFError("peer closed the connection")
         chunks += chunk
     return bytes(chunks)
+
+
+# --- client <-> daemon (kbd.daemon) ---------------------------------------------------------
+
+DAEMON_PROTOCOL = 1
+
+
+class Identity(msgspec.Struct, frozen=True):
+    """What makes two kbd processes interchangeable: the same code on the same tools."""
+
+    code_hash: str  # sha256 of kbd/**/*.py and pyproject.toml
+    python: str  # sys.executable and version
+    torch: str
+    torch_mlir: str
+
+
+class Hello(msgspec.Struct, frozen=True, tag="hello"):
+    """A client's first frame."""
+
+    protocol: int
+    identity: Identity
+    pid: int
+
+
+class Welcome(msgspec.Struct, frozen=True, tag="welcome"):
+    """The daemon's answer to Hello: who it is, whatever the client's identity."""
+
+    protocol: int
+    identity: Identity
+    pid: int
+    started: float  # time.time() at start
+    store: str  # absolute path of its results database
+    log: str | None  # its log file (None: stderr, e.g. the journal under systemd)
+
+
+class StatusRequest(msgspec.Struct, frozen=True, tag="status"):
+    pass
+
+
+class StopRequest(msgspec.Struct, frozen=True, tag="stop"):
+    """Stop admitting kernels, let running ones finish (`now`: kill them), then exit."""
+
+    now: bool = False
+
+
+class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):
+    """Stop a sweep: start nothing more of it; `kill` also kills its running kernels."""
+
+    sweep_id: int
+    kill: bool = False
+
+
+class AttachRequest(msgspec.Struct, frozen=True, tag="attach"):
+    """Follow a sweep's progress (None: the latest active one)."""
+
+    sweep_id: int | None = None
+
+
+class SweepState(msgspec.Struct, frozen=True):
+    """One active sweep or run in the daemon, for status."""
+
+    sweep_id: int | None  # None: a `kbd run`, not stored
+    command: str
+    total: int
+    done: int
+    running: list[str]
+    followers: int
+    state: str  # running | stopping | killing
+
+
+class DaemonStatus(msgspec.Struct, frozen=True, tag="daemon-status"):
+    pid: int
+    started: float
+    identity: Identity
+    store: str
+    state_dir: str
+    log: str | None
+    idle_timeout: float
+    cores: list[int]
+    free_cores: list[int]
+    budget: int
+    reserved: int  # memory reserved by running kernels (their estimates)
+    peak_rss_total: int  # highest measured sum of running workers' RSS
+    templates: dict[str, int]  # thread count -> template pid
+    sweeps: list[SweepState]
+    clients: int
+
+
+class Done(msgspec.Struct, frozen=True, tag="done"):
+    """A request was carried out."""
+
+    message: str = ""
+
+
+class Refused(msgspec.Struct, frozen=True, tag="refused"):
+    """A request was not carried out; `message` says why in one line."""
+
+    message: str
+
+
+DaemonRequest = StatusRequest | StopRequest | CancelRequest | AttachRequest
+DaemonReply = Welcome | DaemonStatus | Done | Refused
