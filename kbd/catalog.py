@@ -112,9 +112,15 @@ def kernelbench_root(option: str | None) -> Path:
     return root.resolve()
 
 
-def default_levels_files() -> list[Path]:
-    """The whole catalog: levels/level*.yaml (ci.yaml is selected with --levels)."""
-    return sorted(LEVELS_DIR.glob("level*.yaml"))
+def default_levels_files(shapes: str = "smoke") -> list[Path]:
+    """The whole catalog: levels/level*.yaml, or levels/bench/level*.yaml for benchmark shapes
+    (ci.yaml is selected with --levels)."""
+    if shapes == "smoke":
+        return sorted(LEVELS_DIR.glob("level*.yaml"))
+    files = sorted((LEVELS_DIR / "bench").glob("level*.yaml"))
+    if not files:
+        raise InputError(f"no benchmark-shape levels files in {LEVELS_DIR / 'bench'}")
+    return files
 
 
 def load(files: list[Path]) -> list[Entry]:

@@ -89,6 +89,41 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="import every kernel afresh; neither read nor write the import cache "
         "(.kbd/import-cache, imported MLIR by content address)",
     )
+    bench = parser.add_argument_group("benchmarking")
+    bench.add_argument(
+        "--benchmark",
+        action="store_true",
+        help="after a kernel passes, time compiled code against eager in the same worker, "
+        "alternating batches of calls (see README, Benchmarking)",
+    )
+    bench.add_argument(
+        "--bench-time",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="minimum measured time per side (default 1.0)",
+    )
+    bench.add_argument(
+        "--bench-samples",
+        type=int,
+        default=10,
+        metavar="N",
+        help="minimum samples per side (default 10)",
+    )
+    bench.add_argument(
+        "--bench-budget",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="stop sampling a kernel after this long, reporting the samples taken (default 20)",
+    )
+    bench.add_argument(
+        "--shapes",
+        choices=("smoke", "bench"),
+        default="smoke",
+        help="default levels files: smoke shapes (levels/level*.yaml, quick to run) or "
+        "benchmark shapes (levels/bench/level*.yaml, big enough to time); default smoke",
+    )
     lim = parser.add_argument_group("workers and limits")
     lim.add_argument(
         "-j",
@@ -205,6 +240,32 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--junit", metavar="FILE", help="write JUnit XML to FILE")
     _db_option(results)
 
+    compare = sub.add_parser(
+        "compare",
+        help="compare the benchmark figures of two stored sweeps",
+        description="Compare two stored sweeps kernel by kernel (e.g. two pipelines, or before "
+        "and after a schedule change): the ratio of their speedups over eager with a 95%% "
+        "interval, outcome changes, and which differences are significant given the measured "
+        "noise. Rows without a significant difference are counted, not listed.",
+    )
+    compare.add_argument("a", type=int, metavar="A", help="the baseline sweep id")
+    compare.add_argument("b", type=int, metavar="B", help="the sweep compared with it")
+    compare.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="smallest change that counts as significant, even when its interval excludes "
+        "no change (default 0.05, i.e. 5%%)",
+    )
+    compare.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 1 when a kernel is significantly slower in B, or passed in A and not in B",
+    )
+    compare.add_argument("--json", action="store_true", help="JSON Lines, one object per kernel")
+    _db_option(compare)
+
     sweeps = sub.add_parser(
         "sweeps", help="list stored sweeps", description="List the sweeps in the results database."
     )
@@ -300,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "results":
             return history.show_results(args)
+        if args.command == "compare":
+            from kbd.bench import compare
+
+            return compare.main(args)
         return history.list_sweeps(args)
     except InputError as exc:
         print(f"kbd: error: {exc}", file=sys.stderr)

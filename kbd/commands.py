@@ -150,7 +150,7 @@ async def _tick(progress: Progress) -> None:
 def _plan(options: SweepSpec, store: Store | None):
     """Load and check the selected kernels and build one job per kernel."""
     root = catalog.kernelbench_root(options.kernelbench)
-    files = [Path(f) for f in options.levels] or catalog.default_levels_files()
+    files = [Path(f) for f in options.levels] or catalog.default_levels_files(options.shapes)
     entries = catalog.select(catalog.load(files), list(options.kernels))
     catalog.check_sources(entries, root)
     cores = limits.usable_cores()
@@ -188,6 +188,7 @@ def _plan(options: SweepSpec, store: Store | None):
                 sandbox=options.sandbox,
                 require_sandbox=options.require_sandbox,
             ),
+            bench=options.bench,
         )
         if options.import_cache:
             job = import_cache.attach(job, cache_dir, import_cache.DEFAULT_MAX_BYTES)

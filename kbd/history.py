@@ -13,7 +13,7 @@ from kbd.outcomes import format_counts
 from kbd.store import Store
 
 
-def _open(args: Namespace) -> Store:
+def open_store(args: Namespace) -> Store:
     path = Path(args.db)
     if not path.exists():
         raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
@@ -21,7 +21,7 @@ def _open(args: Namespace) -> Store:
 
 
 def show_results(args: Namespace) -> int:
-    store = _open(args)
+    store = open_store(args)
     sweep = store.sweep(args.id)
     records = store.records(sweep.id)
     position = {k: i for i, k in enumerate(sweep.kernels)}
@@ -44,7 +44,7 @@ def show_results(args: Namespace) -> int:
 
 
 def list_sweeps(args: Namespace) -> int:
-    store = _open(args)
+    store = open_store(args)
     sweeps = store.sweeps()
     if not sweeps:
         print("no sweeps recorded")

@@ -7,6 +7,7 @@ import signal as signals
 
 import msgspec
 
+from kbd.bench.stats import Benchmark
 from kbd.catalog import Expectation
 from kbd.limits import format_size
 from kbd.outcomes import Outcome, is_failure
@@ -34,6 +35,8 @@ class Record(msgspec.Struct, kw_only=True):
     expected: str | None = None  # the xfail expectation, when the entry has one
     log: str | None = None
     import_cache: str | None = None  # "hit" or "miss" when the import cache was used
+    bench: Benchmark | None = None  # --benchmark figures of a kernel that passed
+    not_benchmarked: str | None = None  # with --benchmark: why this kernel was not timed
 
     @property
     def failed(self) -> bool:

@@ -96,6 +96,14 @@ class ImportCache(msgspec.Struct, frozen=True):
     module: str | None = None
 
 
+class BenchOptions(msgspec.Struct, frozen=True):
+    """How to time a passing kernel (`--benchmark`): see kbd/worker/bench.py."""
+
+    min_time_s: float = 1.0  # minimum measured time per side
+    min_samples: int = 10  # minimum samples per side
+    budget_s: float = 20.0  # stop sampling after this long, whatever was reached
+
+
 class Job(msgspec.Struct, frozen=True):
     """Everything a worker needs to run one kernel."""
 
@@ -113,6 +121,7 @@ class Job(msgspec.Struct, frozen=True):
     opt_level: int
     limits: Limits
     import_cache: ImportCache | None = None  # None: import without the cache
+    bench: BenchOptions | None = None  # time the kernel after it passes
 
 
 # --- worker -> supervisor -------------------------------------------------------------------
@@ -122,6 +131,22 @@ class Phase(msgspec.Struct, frozen=True, tag="phase"):
     """Heartbeat sent before each step: load, import, pipeline:<stage>, jit, run, check, bench."""
 
     name: str
+
+
+class BenchSamples(msgspec.Struct, frozen=True):
+    """Raw timings of one kernel, compiled and eager, measured alternately in the same worker.
+
+    Each sample is a batch of `*_batch` back-to-back calls; values are nanoseconds per call.
+    Sample i of each side was taken next to sample i of the other (they pair up).
+    """
+
+    compiled_ns: list[float]
+    eager_ns: list[float]
+    compiled_batch: int
+    eager_batch: int
+    overhead_ns: float  # per call: the compiled timing loop around an empty function
+    threads: int  # torch threads for eager (compiled code is single-threaded unless OpenMP)
+    budget_hit: bool  # stopped by the time budget before the minimum time and samples
 
 
 class Result(msgspec.Struct, frozen=True, tag="result"):
@@ -135,6 +160,7 @@ class Result(msgspec.Struct, frozen=True, tag="result"):
     max_rel_error: float | None = None
     times: dict[str, float] = {}  # seconds per phase
     limits_enforced: dict[str, str] = {}
+    bench: BenchSamples | None = None  # with --benchmark, for a kernel that passed
 
 
 class Imported(msgspec.Struct, frozen=True, tag="imported"):

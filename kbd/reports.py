@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 
 from kbd import containment
+from kbd.bench import summary as bench_summary
 from kbd.limits import format_size
 from kbd.outcome import Record
 from kbd.outcomes import CODES, format_counts, sort_key
@@ -23,6 +24,12 @@ def line(record: Record) -> str:
         detail.append(record.signal)
     if record.message and record.outcome != "pass":
         detail.append(record.message)
+    if record.bench is not None:
+        b = record.bench
+        detail.append(
+            f"speedup {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}]  "
+            f"{bench_summary.describe(record)}"
+        )
     return (
         f"{record.outcome.upper():<8} {record.kernel}  [{record.phase}]  {record.wall_s:.2f}s  "
         f"{format_size(record.peak_rss_bytes)}" + (f"  {'  '.join(detail)}" if detail else "")
@@ -53,6 +60,9 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
     uncontained = containment.summary_lines(records)
     if uncontained:
         lines += ["", *uncontained]
+    if any(r.bench is not None for r in records):
+        lines.append("")
+        lines.append(bench_summary.table(records))
     return "\n".join(lines)
 
 
@@ -75,6 +85,10 @@ def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
         case = ET.SubElement(
             suite_el, "testcase", classname=f"kbd.{level}", name=name, time=f"{r.wall_s:.3f}"
         )
+        if r.bench is not None:
+            properties = ET.SubElement(case, "properties")
+            for key, value in bench_properties(r).items():
+                ET.SubElement(properties, "property", name=key, value=value)
         text = f"{r.outcome} in {r.phase}" + (f" ({r.signal})" if r.signal else "")
         junit = CODES[r.outcome].junit
         if junit == "failure":
@@ -84,3 +98,27 @@ def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
             ET.SubElement(case, "skipped", message=f"{text}: {r.message}")
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def bench_properties(record: Record) -> dict[str, str]:
+    """A benchmarked kernel's figures as JUnit property name -> value."""
+    b = record.bench
+    figures = {
+        "speedup": b.speedup,
+        "speedup_low": b.speedup_low,
+        "speedup_high": b.speedup_high,
+        "compiled_median_ns": b.compiled.median_ns,
+        "compiled_mad_ns": b.compiled.mad_ns,
+        "eager_median_ns": b.eager.median_ns,
+        "eager_mad_ns": b.eager.mad_ns,
+        "samples": b.compiled.n,
+        "compiled_gflops": b.compiled.gflops,
+        "eager_gflops": b.eager.gflops,
+        "overhead_ns": b.overhead_ns,
+        "unstable": str(b.unstable).lower(),
+    }
+    return {
+        k: (f"{v:.6g}" if isinstance(v, float) else str(v))
+        for k, v in figures.items()
+        if v is not None
+    }

@@ -21,6 +21,7 @@ import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kbd import containment, import_cache, protocol
+from kbd.bench import stats
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
@@ -257,6 +258,10 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
     limits = _limits(job, timeout)
     if result is not None:
         limits.update(result.limits_enforced)  # what the worker confirmed it applied
+    bench = stats.summarize(result.bench, entry.gflops) if result and result.bench else None
+    not_benchmarked = None
+    if job.bench is not None and bench is None:
+        not_benchmarked = f"did not pass ({final} in {phase})"
     return Record(
         kernel=entry.name,
         outcome=final,
@@ -273,6 +278,8 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
         expected=str(entry.xfail) if entry.xfail else None,
         log=str(log_path),
         import_cache=_cache_use(job, state),
+        bench=bench,
+        not_benchmarked=not_benchmarked,
     )
 
 

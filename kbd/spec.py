@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 from argparse import Namespace
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
 from kbd import limits
 from kbd.errors import InputError
+from kbd.protocol import BenchOptions
 
 DEFAULT_MEM_LIMIT = "4GiB"
 
@@ -41,6 +43,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # selection
     kernels: tuple[str, ...] = ()  # path prefixes, e.g. "level1/"; empty = every entry
     levels: tuple[str, ...] = ()  # absolute levels-file paths; empty = the whole catalog
+    shapes: Literal["smoke", "bench"] = "smoke"  # which catalog: levels/ or levels/bench/
     kernelbench: str | None = None  # absolute KernelBench root; None = $KBD_KERNELBENCH/default
     shard: Shard | None = None
     # compilation and checking
@@ -60,6 +63,8 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # containment (kbd/worker/contain.py)
     sandbox: bool = True  # False: no filesystem or network containment (--no-sandbox)
     require_sandbox: bool = False  # a mechanism missing on this machine fails the kernel
+    # benchmarking
+    bench: BenchOptions | None = None  # --benchmark: time passing kernels against eager
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -72,6 +77,17 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise InputError("--require-sandbox and --no-sandbox contradict each other")
         if self.shard is not None and not 1 <= self.shard.index <= self.shard.count:
             raise InputError(f"--shard {self.shard}: I must be between 1 and N")
+        if self.bench is not None:
+            if self.bench.min_time_s < 0:
+                raise InputError(
+                    f"--bench-time must not be negative, got {self.bench.min_time_s:g}"
+                )
+            if self.bench.min_samples < 1:
+                raise InputError(
+                    f"--bench-samples must be at least 1, got {self.bench.min_samples}"
+                )
+            if self.bench.budget_s <= 0:
+                raise InputError(f"--bench-budget must be positive, got {self.bench.budget_s:g}")
 
 
 def from_args(args: Namespace, cwd: Path) -> SweepSpec:
@@ -95,6 +111,16 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         mem_budget=limits.parse_size(args.mem_budget, "--mem-budget") if args.mem_budget else None,
         sandbox=not args.no_sandbox,
         require_sandbox=args.require_sandbox,
+        shapes=args.shapes,
+        bench=_bench_options(args),
+    )
+
+
+def _bench_options(args: Namespace) -> BenchOptions | None:
+    if not args.benchmark:
+        return None
+    return BenchOptions(
+        min_time_s=args.bench_time, min_samples=args.bench_samples, budget_s=args.bench_budget
     )
 
 

@@ -1,4 +1,4 @@
-"""Run one kernel: load, reference, import, pipeline, jit, run, check.
+"""Run one kernel: load, reference, import, pipeline, jit, run, check (and bench, when asked).
 
 Each step is announced with a phase heartbeat *before* it starts, so a worker that dies or hangs
 is pinned to the step it was in. Python exceptions become `error` results (or `memory` when an
@@ -7,6 +7,7 @@ allocation failed); signals are classified by the supervisor.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from kbd.protocol import Imported, Job, Result
-from kbd.worker import cached_import, check, ingress, mlir
+from kbd.worker import bench, cached_import, check, ingress, mlir
 
 _MEMORY_MARKERS = ("can't allocate memory", "out of memory", "unable to allocate", "bad_alloc")
 
@@ -80,6 +81,8 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         module = cached_import.import_module(job, lifted, lifted_args, send)
         out_types, in_types = mlir.results_to_out_params(module)
         _check_signature(job, out_types, in_types, expected, inputs)
+        if job.bench is not None:
+            mlir.add_bench_wrappers(module)
     for stage in job.stages:
         with step(f"pipeline:{stage.name}"):
             mlir.apply_stage(module, stage)
@@ -90,15 +93,32 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         compiled([*outputs, *inputs])
     with step("check"):
         result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
+    samples = None
+    phase = "check"
+    if result.passed and job.bench is not None:
+        phase = "bench"
+        with step("bench"):
+            buffers = [*outputs, *inputs]
+            samples = bench.measure(
+                compiled.timer(buffers), compiled.timer(buffers, noop=True), model, args, job.bench
+            )
+            # Validation stays on: the outputs the timing loop left behind must still match.
+            result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
+            if not result.passed:
+                result = dataclasses.replace(
+                    result, message=f"after benchmarking: {result.message}"
+                )
+                samples = None
     return Result(
         outcome="pass" if result.passed else "mismatch",
-        phase="check",
+        phase=phase,
         message=result.message,
         tolerance=result.tolerance,
         max_abs_error=result.max_abs_error,
         max_rel_error=result.max_rel_error,
         times=step.times,
         limits_enforced=limits_enforced,
+        bench=samples,
     )
 
 

@@ -26,6 +26,8 @@ from kbd.worker import decompositions, runtime
 
 ENTRY = "main"
 TRANSFORM_ENTRY = "__transform_main"
+BENCH_ENTRY = "__kbd_bench"  # times batches of calls to @main
+NOOP_BENCH_ENTRY = "__kbd_bench_noop"  # the same loop around an empty function: the overhead
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,78 @@ def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[Buf
         return [_buffer_type(t) for t in results], [_buffer_type(t) for t in inputs]
 
 
+def add_bench_wrappers(module: ir.Module) -> None:
+    """Emit the timing loops into the module, before the pipeline runs, so the pipeline lowers
+    them with the kernel (as lighthouse's `__benchmark` wrapper is).
+
+    `@__kbd_bench(outputs..., inputs..., %ns: memref<?xi64>, %samples: index, %batch: index)`
+    calls `@main` `batch` times per sample and stores each sample's nanoseconds in `ns`, read
+    with libc's `clock_gettime(CLOCK_MONOTONIC)` (it resolves in the JIT; MLIR's `rtclock` lives
+    in a library the torch-mlir wheel lacks). `@__kbd_bench_noop` is the same loop around an
+    empty function with the same arguments: what it measures is the calling path's overhead.
+    Both callees are `noinline` (the empty one also `optnone`, or LLVM would delete its calls),
+    so LLVM can neither merge nor hoist repeated calls in the loop.
+    """
+    with module.context, ir.Location.unknown():
+        main = _find_function(module, ENTRY)
+        main.attributes["llvm.no_inline"] = ir.UnitAttr.get()
+        args = [str(t) for t in main.type.inputs]
+        params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(args))
+        names = ", ".join(f"%a{i}" for i in range(len(args)))
+        types = ", ".join(args)
+        sep = ", " if args else ""
+        # The declaration of @main only lets the snippet parse on its own; it is not moved.
+        text = f"func.func private @{ENTRY}({types})\n" + _CLOCK
+        for wrapper, callee in ((BENCH_ENTRY, ENTRY), (NOOP_BENCH_ENTRY, "__kbd_noop")):
+            text += _BENCH_LOOP.format(
+                wrapper=wrapper, callee=callee, params=params, names=names, types=types, sep=sep
+            )
+        text += (
+            f"func.func private @__kbd_noop({params}) "
+            '\n    attributes {llvm.passthrough = ["noinline", "optnone"]} {\n  return\n}\n'
+        )
+        extra = ir.Module.parse(text)
+        for op in list(extra.body.operations)[1:]:
+            op.detach_from_parent()
+            module.body.append(op)
+
+
+_CLOCK = """
+llvm.func @clock_gettime(i32, !llvm.ptr) -> i32
+llvm.func @__kbd_now_ns() -> i64 {
+  %monotonic = llvm.mlir.constant(1 : i32) : i32
+  %one = llvm.mlir.constant(1 : i64) : i64
+  %giga = llvm.mlir.constant(1000000000 : i64) : i64
+  %ts = llvm.alloca %one x !llvm.struct<(i64, i64)> : (i64) -> !llvm.ptr
+  %rc = llvm.call @clock_gettime(%monotonic, %ts) : (i32, !llvm.ptr) -> i32
+  %sec = llvm.load %ts : !llvm.ptr -> i64
+  %nsec_ptr = llvm.getelementptr %ts[0, 1] : (!llvm.ptr) -> !llvm.ptr, !llvm.struct<(i64, i64)>
+  %nsec = llvm.load %nsec_ptr : !llvm.ptr -> i64
+  %sec_ns = llvm.mul %sec, %giga : i64
+  %now = llvm.add %sec_ns, %nsec : i64
+  llvm.return %now : i64
+}
+"""
+
+_BENCH_LOOP = """
+func.func @{wrapper}({params}{sep}%ns: memref<?xi64>, %samples: index, %batch: index)
+    attributes {{llvm.emit_c_interface}} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %samples step %c1 {{
+    %t0 = llvm.call @__kbd_now_ns() : () -> i64
+    scf.for %j = %c0 to %batch step %c1 {{
+      func.call @{callee}({names}) : ({types}) -> ()
+    }}
+    %t1 = llvm.call @__kbd_now_ns() : () -> i64
+    %dt = arith.subi %t1, %t0 : i64
+    memref.store %dt, %ns[%i] : memref<?xi64>
+  }}
+  return
+}}
+"""
+
+
 class StageError(Exception):
     """A pipeline stage failed; the message is MLIR's first error diagnostic."""
 
@@ -169,12 +243,39 @@ class Compiled:
         self._engine.dump_to_object_file(str(path))
 
     def __call__(self, buffers: Sequence[np.ndarray]) -> None:
-        descriptors = [get_ranked_memref_descriptor(b) for b in buffers]
-        packed = (ctypes.c_void_p * len(descriptors))()
-        pointers = [ctypes.pointer(d) for d in descriptors]
-        for i, ptr in enumerate(pointers):
-            packed[i] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
-        self._entry(packed)
+        self._entry(_Packed(buffers).array)
+
+    def timer(self, buffers: Sequence[np.ndarray], *, noop: bool = False) -> BenchTimer:
+        """The module's timing loop (see `add_bench_wrappers`) bound to these buffers."""
+        return BenchTimer(self._engine.lookup(NOOP_BENCH_ENTRY if noop else BENCH_ENTRY), buffers)
+
+
+class _Packed:
+    """The packed-interface argument array for memref buffers, plus optional index scalars.
+
+    Holds every ctypes object it points to, so the array stays valid while this object lives.
+    """
+
+    def __init__(self, buffers: Sequence[np.ndarray], extra: Sequence[object] = ()):
+        self._keep = [ctypes.pointer(get_ranked_memref_descriptor(b)) for b in buffers]
+        self._keep += list(extra)
+        self.array = (ctypes.c_void_p * len(self._keep))()
+        for i, obj in enumerate(self._keep):
+            self.array[i] = ctypes.cast(ctypes.pointer(obj), ctypes.c_void_p)
+
+
+class BenchTimer:
+    """Calls a compiled timing loop: `timer(samples, batch)` -> nanoseconds of each sample."""
+
+    def __init__(self, function, buffers: Sequence[np.ndarray]):
+        self._function = function
+        self._buffers = list(buffers)
+
+    def __call__(self, samples: int, batch: int) -> np.ndarray:
+        ns = np.zeros(samples, np.int64)
+        packed = _Packed([*self._buffers, ns], [ctypes.c_int64(samples), ctypes.c_int64(batch)])
+        self._function(packed.array)
+        return ns
 
 
 def _find_function(module: ir.Module, name: str) -> func.FuncOp:

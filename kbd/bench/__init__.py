@@ -1,0 +1,1 @@
+"""Benchmark figures, supervisor side: statistics, summaries, comparison, the HTML report."""

@@ -1,0 +1,171 @@
+"""`kbd compare A B`: two stored sweeps side by side, kernel by kernel.
+
+For a kernel benchmarked in both, the figure compared is the speedup over eager (eager median /
+compiled median), not raw compiled time: eager was measured alternately in the same worker, so
+drift of the machine between the two sweeps largely cancels. The ratio B/A gets a 95% interval
+from the two sweeps' own bootstrap intervals (combined on the log scale as independent normal
+errors). A difference is significant when that interval excludes 1 *and* the ratio is at least
+`threshold` away from 1: the interval alone only reflects noise within each run, and runs of the
+same code in different processes differ by a few percent for reasons no interval captures (code
+and data placement, frequency).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+
+from kbd.bench.summary import CORRECT
+from kbd.history import open_store
+from kbd.outcome import Record
+
+Z95 = 1.959964
+
+
+class KernelComparison(msgspec.Struct, frozen=True):
+    kernel: str
+    outcome_a: str | None  # None: not in that sweep
+    outcome_b: str | None
+    speedup_a: float | None = None
+    speedup_b: float | None = None
+    ratio: float | None = None  # speedup_b / speedup_a: above 1 means B is faster
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    # faster | slower | same (timed in both); outcome (changed, not both passing);
+    # failing (the same failure in both); untimed (passed in both, not timed in both); missing
+    verdict: str = ""
+
+    @property
+    def regression(self) -> bool:
+        """Slower significantly, or correct in A and not in B."""
+        return self.verdict == "slower" or (
+            self.outcome_a in CORRECT and self.outcome_b not in CORRECT
+        )
+
+
+def compare(a: Sequence[Record], b: Sequence[Record], threshold: float) -> list[KernelComparison]:
+    """One row per kernel in either sweep, in A's order then B's new kernels."""
+    by_a = {r.kernel: r for r in a}
+    by_b = {r.kernel: r for r in b}
+    names = [r.kernel for r in a] + [r.kernel for r in b if r.kernel not in by_a]
+    return [_compare_one(k, by_a.get(k), by_b.get(k), threshold) for k in names]
+
+
+def _compare_one(kernel: str, ra: Record | None, rb: Record | None, threshold: float):
+    outcome_a = ra.outcome if ra else None
+    outcome_b = rb.outcome if rb else None
+    row = KernelComparison(kernel, outcome_a, outcome_b)
+    if ra is None or rb is None:
+        return msgspec.structs.replace(row, verdict="missing")
+    if outcome_a not in CORRECT or outcome_b not in CORRECT:
+        return msgspec.structs.replace(
+            row, verdict="outcome" if outcome_a != outcome_b else "failing"
+        )
+    if ra.bench is None or rb.bench is None:
+        return msgspec.structs.replace(row, verdict="untimed")
+    sa, sb = ra.bench, rb.bench
+    ratio = sb.speedup / sa.speedup
+    error = math.hypot(
+        _log_error(sa.speedup_low, sa.speedup_high), _log_error(sb.speedup_low, sb.speedup_high)
+    )
+    low, high = ratio * math.exp(-Z95 * error), ratio * math.exp(Z95 * error)
+    verdict = "same"
+    if low > 1 and ratio >= 1 + threshold:
+        verdict = "faster"
+    elif high < 1 and ratio <= 1 / (1 + threshold):
+        verdict = "slower"
+    return msgspec.structs.replace(
+        row,
+        speedup_a=sa.speedup,
+        speedup_b=sb.speedup,
+        ratio=ratio,
+        ratio_low=low,
+        ratio_high=high,
+        verdict=verdict,
+    )
+
+
+def _log_error(low: float, high: float) -> float:
+    """Standard error on the log scale implied by a 95% interval."""
+    if low <= 0 or high <= 0:
+        return math.inf
+    return (math.log(high) - math.log(low)) / (2 * Z95)
+
+
+def median_abs_log_ratio(rows: Sequence[KernelComparison]) -> float | None:
+    """Median |log(B/A)| over kernels timed in both: the typical size of a change (or of noise)."""
+    values = sorted(abs(math.log(r.ratio)) for r in rows if r.ratio)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def report(rows: Sequence[KernelComparison], label_a: str, label_b: str, threshold: float) -> str:
+    """The table: every kernel whose verdict is not 'same', then the totals."""
+    shown = [r for r in rows if r.verdict not in ("same", "failing")]
+    lines = []
+    if shown:
+        width = max(len(r.kernel) for r in shown)
+        lines.append(
+            f"{'kernel':<{width + 2}}{'A':>10}{'B':>10}{'B/A':>8}  {'95% interval':<17}verdict"
+        )
+        for r in shown:
+            if r.ratio is not None:
+                interval = f"[{r.ratio_low:.3f}, {r.ratio_high:.3f}]"
+                lines.append(
+                    f"{r.kernel:<{width + 2}}{r.speedup_a:>9.3g}x{r.speedup_b:>9.3g}x"
+                    f"{r.ratio:>8.3f}  {interval:<17}{r.verdict}"
+                )
+            else:
+                lines.append(
+                    f"{r.kernel:<{width + 2}}{r.outcome_a or '-':>10}{r.outcome_b or '-':>10}"
+                    f"{'':>8}  {'':<17}{r.verdict}"
+                )
+        lines.append("")
+    timed = [r for r in rows if r.ratio is not None]
+    tally = {v: sum(r.verdict == v for r in rows) for v in ("faster", "slower", "same")}
+    lines.append(
+        f"A = {label_a}, B = {label_b}: {len(rows)} kernels, {len(timed)} timed in both; "
+        f"{tally['faster']} faster, {tally['slower']} slower, {tally['same']} no significant "
+        f"difference (threshold {threshold:.0%})"
+    )
+    changed = sum(r.verdict == "outcome" for r in rows)
+    if changed:
+        lines.append(f"{changed} kernels changed outcome")
+    spread = median_abs_log_ratio(rows)
+    if spread is not None:
+        ratios = [r.ratio for r in timed]
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        lines.append(
+            f"geometric mean of B/A speedup ratios {geo:.3f}; "
+            f"median |log ratio| {spread:.3f} ({math.expm1(spread):.1%})"
+        )
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    """`kbd compare A B`: exit 0, or 1 with --fail-on-regression and a regression."""
+    store = open_store(args)
+    sweeps = [store.sweep(args.a), store.sweep(args.b)]
+    records = [_ordered(store.records(s.id), s.kernels) for s in sweeps]
+    rows = compare(records[0], records[1], args.threshold)
+    if args.json:
+        for row in rows:
+            print(msgspec.json.encode(row).decode())
+    else:
+        labels = [f"sweep {s.id}" for s in sweeps]
+        print(report(rows, labels[0], labels[1], args.threshold))
+    regressions = [r for r in rows if r.regression]
+    if args.fail_on_regression and regressions:
+        if not args.json:
+            print(f"{len(regressions)} regressions (--fail-on-regression)")
+        return 1
+    return 0
+
+
+def _ordered(records: list[Record], kernels: list[str]) -> list[Record]:
+    position = {k: i for i, k in enumerate(kernels)}
+    return sorted(records, key=lambda r: position.get(r.kernel, len(position)))

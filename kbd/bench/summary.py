@@ -1,0 +1,113 @@
+"""Benchmark summary of a set of records: fast_p per level, geometric-mean speedup, extremes.
+
+fast_p is KernelBench's: the fraction of *all* selected kernels of a level that are correct and
+have a speedup greater than p (src/kernelbench/score.py: `sum(speedup > p) / n`); a kernel that
+failed, or passed without being benchmarked, counts in the denominator only. fast_0 is the
+fraction that passed and was timed. The geometric mean is over the benchmarked kernels only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+
+from kbd.bench.stats import format_ns
+from kbd.outcome import Record
+
+P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+CORRECT = ("pass", "xpass")
+
+
+class LevelFigures(msgspec.Struct, frozen=True):
+    level: str  # "level1", or "all"
+    kernels: int  # selected kernels (the fast_p denominator)
+    timed: int  # correct and benchmarked
+    fast_p: dict[str, float]  # "0", "0.5", ... -> fraction
+    geomean_speedup: float | None
+    slowest: str | None  # kernel with the smallest speedup
+    fastest: str | None
+
+
+def benchmarked(records: Sequence[Record]) -> list[Record]:
+    """Records that passed and carry benchmark figures."""
+    return [r for r in records if r.outcome in CORRECT and r.bench is not None]
+
+
+def level_of(kernel: str) -> str:
+    return kernel.split("/", 1)[0]
+
+
+def figures(records: Sequence[Record], level: str) -> LevelFigures:
+    timed = benchmarked(records)
+    speedups = [r.bench.speedup for r in timed]
+    ranked = sorted(timed, key=lambda r: r.bench.speedup)
+    n = len(records)
+    return LevelFigures(
+        level=level,
+        kernels=n,
+        timed=len(timed),
+        fast_p={f"{p:g}": (sum(s > p for s in speedups) / n if n else 0.0) for p in P_VALUES},
+        geomean_speedup=geomean(speedups),
+        slowest=ranked[0].kernel if ranked else None,
+        fastest=ranked[-1].kernel if ranked else None,
+    )
+
+
+def by_level(records: Sequence[Record]) -> list[LevelFigures]:
+    """One LevelFigures per level present, then 'all' when there is more than one level."""
+    levels = sorted({level_of(r.kernel) for r in records})
+    rows = [figures([r for r in records if level_of(r.kernel) == lv], lv) for lv in levels]
+    if len(levels) > 1:
+        rows.append(figures(records, "all"))
+    return rows
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return None
+    return math.exp(sum(math.log(v) for v in positive) / len(positive))
+
+
+def table(records: Sequence[Record]) -> str:
+    """The fast_p table, one row per level, then the slowest and fastest kernels."""
+    rows = by_level(records)
+    head = f"{'level':<8}{'kernels':>8}{'timed':>7}"
+    head += "".join(f"{'fast_' + f'{p:g}':>10}" for p in P_VALUES) + f"{'geomean':>10}"
+    lines = [head]
+    for row in rows:
+        text = f"{row.level:<8}{row.kernels:>8}{row.timed:>7}"
+        text += "".join(f"{row.fast_p[f'{p:g}']:>10.3f}" for p in P_VALUES)
+        text += f"{_speedup(row.geomean_speedup):>10}"
+        lines.append(text)
+    timed = sorted(benchmarked(records), key=lambda r: r.bench.speedup)
+    if timed:
+        lines.append("")
+        shown = timed if len(timed) <= 6 else [*timed[:3], *timed[-3:]]
+        lines.append("slowest and fastest:" if len(timed) > 6 else "speedups:")
+        for r in shown:
+            lines.append(f"  {_speedup(r.bench.speedup):>9}  {r.kernel}  ({describe(r)})")
+    unstable = sum(r.bench.unstable for r in timed)
+    if unstable:
+        lines.append(f"{unstable} of {len(timed)} measurements unstable (spread above 10%)")
+    return "\n".join(lines)
+
+
+def describe(record: Record) -> str:
+    """'compiled 85.3ns, eager 45.7us, n=67' plus GFLOPS and flags."""
+    b = record.bench
+    text = f"compiled {format_ns(b.compiled.median_ns)}, eager {format_ns(b.eager.median_ns)}"
+    if b.compiled.gflops is not None and b.eager.gflops is not None:
+        text += f", {b.compiled.gflops:.3g} vs {b.eager.gflops:.3g} GFLOPS"
+    text += f", n={b.compiled.n}"
+    if b.unstable:
+        text += ", unstable"
+    if b.budget_hit:
+        text += ", budget hit"
+    return text
+
+
+def _speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}x"
