@@ -238,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("id", nargs="?", type=int, help="sweep id (default: latest)")
     results.add_argument("--json", action="store_true", help="JSON Lines, one object per kernel")
     results.add_argument("--junit", metavar="FILE", help="write JUnit XML to FILE")
+    results.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write a self-contained HTML page (fast_p curve, speedup distribution, sortable "
+        "per-kernel table) for a benchmark sweep to FILE",
+    )
     _db_option(results)
 
     compare = sub.add_parser(

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from kbd import reports
+from kbd.bench import report
 from kbd.errors import InputError
 from kbd.outcomes import format_counts
 from kbd.store import Store
@@ -28,6 +29,9 @@ def show_results(args: Namespace) -> int:
     records.sort(key=lambda r: position.get(r.kernel, len(position)))
     if args.junit:
         reports.write_junit(records, Path(args.junit))
+    if args.html:
+        page = report.render(records, f"kbd sweep {sweep.id}: {sweep.command}")
+        Path(args.html).write_text(page)
     if args.json:
         for record in records:
             print(reports.json_line(record))

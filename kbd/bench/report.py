@@ -1,0 +1,293 @@
+"""One self-contained HTML page for a sweep's benchmark: the fast_p curve, the distribution of
+speedups and a sortable per-kernel table. Inline SVG, CSS and a few lines of script; no network
+needed to view it. The page also carries its data as JSON (`<script id="kbd-data">`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+
+from kbd.bench import summary
+from kbd.bench.stats import format_ns
+from kbd.outcome import Record
+
+WIDTH, HEIGHT = 560, 260
+MARGIN = {"left": 48, "right": 16, "top": 16, "bottom": 40}
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def render(records: Sequence[Record], title: str) -> str:
+    """The page for these records (one sweep), as a string."""
+    timed = summary.benchmarked(records)
+    rows = [_row(r) for r in records]
+    levels = summary.by_level(records)
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    body.append(
+        f"<p>{len(records)} kernels, {len(timed)} passed and timed. Speedup is eager median time "
+        "over compiled median time (above 1: compiled is faster); fast_p is the fraction of all "
+        "selected kernels that are correct and faster than p times eager.</p>"
+    )
+    body.append(_levels_table(levels))
+    if timed:
+        body.append('<div class="charts">')
+        body.append(_fast_p_chart(records))
+        body.append(_histogram([r.bench.speedup for r in timed]))
+        body.append("</div>")
+    body.append(_kernel_table(rows))
+    data = json.dumps({"title": title, "levels": [_level_data(x) for x in levels], "kernels": rows})
+    return _PAGE.format(
+        title=html.escape(title),
+        body="\n".join(body),
+        data=data.replace("</", "<\\/"),
+        script=_SCRIPT,
+        style=_STYLE,
+    )
+
+
+def _row(r: Record) -> dict:
+    row: dict = {"kernel": r.kernel, "outcome": r.outcome}
+    if r.bench is not None:
+        b = r.bench
+        row.update(
+            speedup=b.speedup,
+            speedup_low=b.speedup_low,
+            speedup_high=b.speedup_high,
+            compiled_ns=b.compiled.median_ns,
+            eager_ns=b.eager.median_ns,
+            compiled_gflops=b.compiled.gflops,
+            eager_gflops=b.eager.gflops,
+            n=b.compiled.n,
+            unstable=b.unstable,
+        )
+    return row
+
+
+def _level_data(level: summary.LevelFigures) -> dict:
+    return {
+        "level": level.level,
+        "kernels": level.kernels,
+        "timed": level.timed,
+        "fast_p": level.fast_p,
+        "geomean_speedup": level.geomean_speedup,
+    }
+
+
+def _levels_table(levels: Sequence[summary.LevelFigures]) -> str:
+    head = "".join(f"<th>fast_{p:g}</th>" for p in summary.P_VALUES)
+    lines = [
+        f"<table class='levels'><tr><th>level</th><th>kernels</th><th>timed</th>{head}"
+        "<th>geomean speedup</th></tr>"
+    ]
+    for lv in levels:
+        cells = "".join(f"<td>{lv.fast_p[f'{p:g}']:.3f}</td>" for p in summary.P_VALUES)
+        geo = f"{lv.geomean_speedup:.3g}x" if lv.geomean_speedup else "-"
+        lines.append(
+            f"<tr><td>{lv.level}</td><td>{lv.kernels}</td><td>{lv.timed}</td>{cells}"
+            f"<td>{geo}</td></tr>"
+        )
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def _decades(values: Sequence[float]) -> tuple[int, int]:
+    logs = [math.log10(v) for v in values if v > 0]
+    low = min(math.floor(min(logs)), -1)
+    high = max(math.ceil(max(logs)), 1)
+    return low, high if high > low else low + 1
+
+
+def _axes(low: int, high: int, y_label: str, x_label: str, y_max: float, y_fmt) -> list[str]:
+    """Frame, log-x ticks at decades, y ticks at quarters of y_max."""
+    x0, x1 = MARGIN["left"], WIDTH - MARGIN["right"]
+    y0, y1 = HEIGHT - MARGIN["bottom"], MARGIN["top"]
+    parts = [f"<rect x='{x0}' y='{y1}' width='{x1 - x0}' height='{y0 - y1}' class='frame'/>"]
+    for d in range(low, high + 1):
+        x = x0 + (d - low) / (high - low) * (x1 - x0)
+        parts.append(f"<line x1='{x:.1f}' y1='{y0}' x2='{x:.1f}' y2='{y1}' class='grid'/>")
+        parts.append(f"<text x='{x:.1f}' y='{y0 + 16}' class='tick'>{10.0**d:g}</text>")
+    for i in range(5):
+        y = y0 - i / 4 * (y0 - y1)
+        parts.append(f"<line x1='{x0}' y1='{y:.1f}' x2='{x1}' y2='{y:.1f}' class='grid'/>")
+        parts.append(
+            f"<text x='{x0 - 6}' y='{y + 4:.1f}' class='tick' text-anchor='end'>"
+            f"{y_fmt(y_max * i / 4)}</text>"
+        )
+    parts.append(f"<text x='{(x0 + x1) / 2}' y='{HEIGHT - 6}' class='label'>{x_label}</text>")
+    parts.append(
+        f"<text x='12' y='{(y0 + y1) / 2}' class='label' "
+        f"transform='rotate(-90 12 {(y0 + y1) / 2})'>{y_label}</text>"
+    )
+    return parts
+
+
+def _x(value: float, low: int, high: int) -> float:
+    x0, x1 = MARGIN["left"], WIDTH - MARGIN["right"]
+    position = (math.log10(value) - low) / (high - low)
+    return x0 + min(max(position, 0.0), 1.0) * (x1 - x0)
+
+
+def _y(fraction: float) -> float:
+    y0, y1 = HEIGHT - MARGIN["bottom"], MARGIN["top"]
+    return y0 - fraction * (y0 - y1)
+
+
+def _fast_p_chart(records: Sequence[Record]) -> str:
+    """fast_p against p (log scale), one step line per level (all kernels when one level)."""
+    timed = summary.benchmarked(records)
+    low, high = _decades([r.bench.speedup for r in timed])
+    parts = _axes(low, high, "fast_p", "p (speedup threshold, log scale)", 1.0, lambda v: f"{v:g}")
+    levels = sorted({summary.level_of(r.kernel) for r in records})
+    for i, level in enumerate(levels):
+        mine = [r for r in records if summary.level_of(r.kernel) == level]
+        speedups = sorted(r.bench.speedup for r in summary.benchmarked(mine))
+        n = len(mine)
+        points = [(_x(10.0**low, low, high), _y(len(speedups) / n))]
+        for j, s in enumerate(speedups):  # above s, one kernel fewer is faster than p
+            points.append((_x(s, low, high), _y((len(speedups) - j) / n)))
+            points.append((_x(s, low, high), _y((len(speedups) - j - 1) / n)))
+        points.append((_x(10.0**high, low, high), _y(0.0)))
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        color = COLORS[i % len(COLORS)]
+        parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='2'/>")
+        parts.append(
+            f"<text x='{WIDTH - MARGIN['right'] - 6}' y='{MARGIN['top'] + 14 + 14 * i}' "
+            f"class='legend' fill='{color}' text-anchor='end'>{level}</text>"
+        )
+    x1 = _x(1.0, low, high)
+    parts.append(f"<line x1='{x1:.1f}' y1='{_y(0)}' x2='{x1:.1f}' y2='{_y(1)}' class='parity'/>")
+    return _svg("fast_p curve", parts)
+
+
+def _histogram(speedups: Sequence[float]) -> str:
+    """Counts of kernels per quarter decade of speedup."""
+    low, high = _decades(speedups)
+    bins = [0] * ((high - low) * 4)
+    for s in speedups:
+        index = int((math.log10(s) - low) * 4)
+        bins[min(max(index, 0), len(bins) - 1)] += 1
+    top = max(bins)
+    parts = _axes(low, high, "kernels", "speedup over eager (log scale)", top, lambda v: f"{v:.3g}")
+    for i, count in enumerate(bins):
+        if not count:
+            continue
+        left = _x(10 ** (low + i / 4), low, high)
+        right = _x(10 ** (low + (i + 1) / 4), low, high)
+        top_y = _y(count / top)
+        parts.append(
+            f"<rect x='{left + 1:.1f}' y='{top_y:.1f}' width='{right - left - 2:.1f}' "
+            f"height='{_y(0) - top_y:.1f}' class='bar'><title>{count} kernels</title></rect>"
+        )
+    x1 = _x(1.0, low, high)
+    parts.append(f"<line x1='{x1:.1f}' y1='{_y(0)}' x2='{x1:.1f}' y2='{_y(1)}' class='parity'/>")
+    return _svg("distribution of speedups", parts)
+
+
+def _svg(title: str, parts: list[str]) -> str:
+    return (
+        f"<figure><figcaption>{title}</figcaption>"
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
+        f"viewBox='0 0 {WIDTH} {HEIGHT}'>" + "".join(parts) + "</svg></figure>"
+    )
+
+
+def _kernel_table(rows: Sequence[dict]) -> str:
+    columns = (
+        ("kernel", "kernel"),
+        ("outcome", "outcome"),
+        ("speedup", "speedup"),
+        ("95% interval", "speedup_low"),
+        ("compiled", "compiled_ns"),
+        ("eager", "eager_ns"),
+        ("compiled GFLOPS", "compiled_gflops"),
+        ("eager GFLOPS", "eager_gflops"),
+        ("n", "n"),
+        ("stable", "unstable"),
+    )
+    head = "".join(f"<th data-key='{key}'>{name}</th>" for name, key in columns)
+    lines = [f"<table id='kernels' class='kernels'><thead><tr>{head}</tr></thead><tbody>"]
+    for row in rows:
+        cells = [
+            _cell(row["kernel"], row["kernel"]),
+            _cell(row["outcome"], row["outcome"], css=row["outcome"]),
+        ]
+        if "speedup" in row:
+            cells += [
+                _cell(f"{row['speedup']:.3g}x", row["speedup"]),
+                _cell(f"{row['speedup_low']:.3g} - {row['speedup_high']:.3g}", row["speedup_low"]),
+                _cell(format_ns(row["compiled_ns"]), row["compiled_ns"]),
+                _cell(format_ns(row["eager_ns"]), row["eager_ns"]),
+                _number(row["compiled_gflops"]),
+                _number(row["eager_gflops"]),
+                _cell(str(row["n"]), row["n"]),
+                _cell("unstable" if row["unstable"] else "yes", int(row["unstable"])),
+            ]
+        else:
+            cells += ["<td data-v=''></td>"] * 8
+        lines.append("<tr>" + "".join(cells) + "</tr>")
+    lines.append("</tbody></table>")
+    return "\n".join(lines)
+
+
+def _cell(text: str, value, css: str = "") -> str:
+    attribute = f" class='{css}'" if css else ""
+    return f"<td data-v='{html.escape(str(value), quote=True)}'{attribute}>{html.escape(text)}</td>"
+
+
+def _number(value: float | None) -> str:
+    return _cell("-", "") if value is None else _cell(f"{value:.3g}", value)
+
+
+_STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; }
+table { border-collapse: collapse; margin: 12px 0; }
+th, td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+td:first-child, th:first-child { text-align: left; }
+table.kernels th { cursor: pointer; background: #f4f4f4; position: sticky; top: 0; }
+table.kernels th.sorted::after { content: " \\2195"; }
+td.pass, td.xpass { color: #2a7d2a; }
+td.mismatch, td.error, td.crash, td.timeout, td.memory { color: #b22; }
+.charts { display: flex; flex-wrap: wrap; gap: 24px; }
+figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: 4px; }
+svg .frame { fill: none; stroke: #999; } svg .grid { stroke: #eee; }
+svg .tick { font-size: 11px; text-anchor: middle; fill: #555; }
+svg .label { font-size: 12px; text-anchor: middle; fill: #333; }
+svg .legend { font-size: 12px; font-weight: 600; }
+svg .bar { fill: #1f77b4; } svg .parity { stroke: #888; stroke-dasharray: 4 3; }
+"""
+
+_SCRIPT = """
+document.querySelectorAll('#kernels th').forEach(function (th, column) {
+  th.addEventListener('click', function () {
+    var body = document.querySelector('#kernels tbody');
+    var rows = Array.from(body.rows);
+    var descending = th.dataset.order !== 'desc';
+    th.dataset.order = descending ? 'desc' : 'asc';
+    th.parentNode.querySelectorAll('th').forEach(function (h) {
+      h.classList.remove('sorted');
+    });
+    th.classList.add('sorted');
+    rows.sort(function (a, b) {
+      var x = a.cells[column].dataset.v, y = b.cells[column].dataset.v;
+      if (x === '' || y === '') { return x === '' ? 1 : -1; }
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var order = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+      return descending ? -order : order;
+    });
+    rows.forEach(function (row) { body.appendChild(row); });
+  });
+});
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>{style}</style></head>
+<body>
+{body}
+<script type="application/json" id="kbd-data">{data}</script>
+<script>{script}</script>
+</body></html>
+"""

@@ -1,0 +1,305 @@
+"""Benchmarking: statistics on synthetic samples, fast_p, storage, compare, the HTML page, and
+`--benchmark` end to end on fixture kernels (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from kbd import reports
+from kbd.bench import compare, report, stats, summary
+from kbd.outcome import Record
+from kbd.protocol import BenchSamples
+from kbd.store import Store
+from tests.conftest import fixture_args, json_records, kbd
+
+
+def _samples(compiled: float, eager: float, n: int = 60, noise: float = 0.02, seed: int = 1):
+    """Paired samples around the given per-call times with a shared drift and own noise."""
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        drift = 1 + 0.05 * math.sin(i / 5)  # hits both sides of a pair alike
+        pairs.append(
+            (
+                compiled * drift * (1 + rng.gauss(0, noise)),
+                eager * drift * (1 + rng.gauss(0, noise)),
+            )
+        )
+    return BenchSamples(
+        compiled_ns=[c for c, _ in pairs],
+        eager_ns=[e for _, e in pairs],
+        compiled_batch=100,
+        eager_batch=10,
+        overhead_ns=1.5,
+        threads=1,
+        budget_hit=False,
+    )
+
+
+def _record(kernel: str, outcome: str = "pass", speedup: float | None = None, **kw) -> Record:
+    bench = None
+    if speedup is not None:
+        bench = stats.summarize(_samples(1000.0, 1000.0 * speedup, **kw), gflop=2e-3)
+    return Record(kernel=kernel, outcome=outcome, phase="bench", bench=bench)
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+
+def test_order_statistics_match_their_definitions():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 100.0]
+    assert stats.median(values) == 3.5
+    assert stats.quantile(values, 0.0) == 1.0 and stats.quantile(values, 1.0) == 100.0
+    assert stats.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.25) == 2.0
+    assert stats.mad([1.0, 2.0, 3.0, 4.0, 100.0]) == 1.0  # the outlier does not move it
+    side = stats.side([10.0, 12.0, 11.0, 13.0, 9.0], batch=7, gflop=1e-6)
+    assert (side.median_ns, side.min_ns, side.mad_ns, side.iqr_ns) == (11.0, 9.0, 1.0, 2.0)
+    assert (side.n, side.batch) == (5, 7)
+    assert side.gflops == pytest.approx(1e-6 / 11e-9)
+
+
+def test_speedup_interval_holds_the_true_ratio_and_is_reproducible():
+    samples = _samples(compiled=200.0, eager=500.0)
+    figures = stats.summarize(samples, gflop=None)
+    assert figures.speedup == pytest.approx(2.5, rel=0.02)
+    assert figures.speedup_low < 2.5 < figures.speedup_high
+    assert figures.speedup_high / figures.speedup_low < 1.05  # 2% noise, 60 pairs
+    assert stats.summarize(samples, gflop=None) == figures  # fixed seed: same interval
+    assert not figures.unstable
+    assert figures.compiled.gflops is None
+
+
+def test_pairing_cancels_drift_that_hits_both_sides():
+    """A large common drift widens each side's spread but not the paired speedup interval."""
+    rng = random.Random(3)
+    drift = [1 + 0.5 * rng.random() for _ in range(80)]
+    samples = BenchSamples(
+        compiled_ns=[100.0 * d for d in drift],
+        eager_ns=[300.0 * d for d in drift],
+        compiled_batch=1,
+        eager_batch=1,
+        overhead_ns=1.0,
+        threads=1,
+        budget_hit=False,
+    )
+    figures = stats.summarize(samples, gflop=None)
+    assert figures.speedup_low == pytest.approx(3.0) and figures.speedup_high == pytest.approx(3.0)
+    assert figures.unstable  # the sides themselves spread by far more than 10%
+
+
+def test_noisy_samples_are_flagged_unstable():
+    assert stats.summarize(_samples(100.0, 100.0, noise=0.3), gflop=None).unstable
+    assert not stats.summarize(_samples(100.0, 100.0, noise=0.01), gflop=None).unstable
+
+
+def test_a_single_sample_gives_a_point_interval():
+    samples = BenchSamples([50.0], [100.0], 1, 1, 1.0, 1, True)
+    figures = stats.summarize(samples, gflop=1e-3)
+    assert (figures.speedup, figures.speedup_low, figures.speedup_high) == (2.0, 2.0, 2.0)
+    assert figures.budget_hit
+
+
+def test_durations_read_in_their_unit():
+    assert [stats.format_ns(x) for x in (85.3, 12_400, 3.21e6, 1.5e9)] == [
+        "85.3ns",
+        "12.4us",
+        "3.21ms",
+        "1.5s",
+    ]
+
+
+# --- fast_p ---------------------------------------------------------------------------------
+
+
+def test_fast_p_counts_correct_kernels_over_all_selected_ones():
+    records = [
+        _record("level1/a", speedup=0.4),
+        _record("level1/b", speedup=1.2),
+        _record("level1/c", speedup=3.0),
+        _record("level1/d", outcome="mismatch"),
+        _record("level1/e", outcome="pass"),  # passed, not timed: denominator only
+        _record("level2/f", speedup=0.9),
+    ]
+    level1, level2, total = summary.by_level(records)
+    assert (level1.kernels, level1.timed) == (5, 3)
+    assert level1.fast_p == {
+        "0": 0.6,
+        "0.5": 0.4,
+        "0.8": 0.4,
+        "1": 0.4,
+        "1.5": 0.2,
+        "2": 0.2,
+    }
+    assert level1.slowest == "level1/a" and level1.fastest == "level1/c"
+    assert level1.geomean_speedup == pytest.approx((0.4 * 1.2 * 3.0) ** (1 / 3), rel=0.02)
+    assert level2.fast_p["0.8"] == 1.0 and level2.fast_p["1"] == 0.0
+    assert total.level == "all" and total.kernels == 6 and total.fast_p["1"] == pytest.approx(2 / 6)
+    table = reports.summary(records)
+    assert "fast_1.5" in table and "level1/c" in table
+
+
+# --- storage and JUnit ----------------------------------------------------------------------
+
+
+def test_benchmark_figures_survive_the_store(tmp_path):
+    store = Store(tmp_path / "r.db")
+    sweep = store.create_sweep("kbd sweep", "{}", ["level1/a", "level1/b"], "h")
+    stored = _record("level1/a", speedup=2.0)
+    store.add_attempt(sweep, "h", stored)
+    store.add_attempt(
+        sweep,
+        "h",
+        Record(kernel="level1/b", outcome="mismatch", phase="check", not_benchmarked="x"),
+    )
+    back = {r.kernel: r for r in store.records(sweep)}
+    assert back["level1/a"].bench == stored.bench
+    assert back["level1/a"].bench.samples.compiled_ns == stored.bench.samples.compiled_ns
+    assert back["level1/b"].bench is None and back["level1/b"].not_benchmarked == "x"
+
+
+def test_junit_carries_benchmark_properties(tmp_path):
+    path = tmp_path / "j.xml"
+    reports.write_junit([_record("level1/a", speedup=2.0), _record("level1/b", "error")], path)
+    cases = {c.get("name"): c for c in ET.parse(path).getroot().iter("testcase")}
+    properties = {p.get("name"): p.get("value") for p in cases["a"].iter("property")}
+    assert float(properties["speedup"]) == pytest.approx(2.0, rel=0.05)
+    assert {"compiled_median_ns", "eager_gflops", "samples", "overhead_ns"} <= set(properties)
+    assert cases["b"].find("properties") is None
+
+
+# --- compare --------------------------------------------------------------------------------
+
+
+def test_compare_finds_real_changes_and_ignores_noise():
+    before = [
+        _record("level1/same", speedup=2.0, seed=1),
+        _record("level1/faster", speedup=1.0, seed=2),
+        _record("level1/slower", speedup=4.0, seed=3),
+        _record("level1/broke", speedup=1.0),
+        _record("level1/gone", speedup=1.0),
+    ]
+    after = [
+        _record("level1/same", speedup=2.0, seed=9),
+        _record("level1/faster", speedup=1.5, seed=4),
+        _record("level1/slower", speedup=3.0, seed=5),
+        _record("level1/broke", outcome="crash"),
+        _record("level1/new", speedup=1.0),
+    ]
+    rows = {r.kernel: r for r in compare.compare(before, after, threshold=0.05)}
+    assert rows["level1/same"].verdict == "same"
+    assert rows["level1/same"].ratio_low < 1 < rows["level1/same"].ratio_high
+    assert rows["level1/faster"].verdict == "faster"
+    assert rows["level1/faster"].ratio == pytest.approx(1.5, rel=0.03)
+    assert rows["level1/slower"].verdict == "slower" and rows["level1/slower"].regression
+    assert rows["level1/broke"].verdict == "outcome" and rows["level1/broke"].regression
+    assert rows["level1/gone"].verdict == "missing" and rows["level1/new"].verdict == "missing"
+    assert not rows["level1/faster"].regression
+    text = compare.report(list(rows.values()), "sweep 1", "sweep 2", 0.05)
+    assert "level1/slower" in text and "level1/same" not in text.split("\n\n")[0]
+
+
+def test_a_small_change_within_the_threshold_is_not_significant():
+    before = [_record("level1/k", speedup=1.0, noise=0.001, seed=1)]
+    after = [_record("level1/k", speedup=1.03, noise=0.001, seed=2)]
+    (row,) = compare.compare(before, after, threshold=0.05)
+    assert row.ratio_low > 1  # outside the measured noise...
+    assert row.verdict == "same"  # ...but smaller than the threshold
+    (row,) = compare.compare(before, after, threshold=0.01)
+    assert row.verdict == "faster"
+
+
+# --- HTML -----------------------------------------------------------------------------------
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.data_script = ""
+        self._in_data = False
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        attributes = dict(attrs)
+        self._in_data = attributes.get("id") == "kbd-data"
+        for key in ("src", "href"):
+            if key in attributes:
+                self.external.append(attributes[key])
+
+    def handle_data(self, data):
+        if self._in_data:
+            self.data_script += data
+
+    def handle_endtag(self, tag):
+        self._in_data = False
+
+
+def test_html_report_parses_holds_the_data_and_needs_no_network():
+    records = [
+        _record("level1/a", speedup=0.5),
+        _record("level1/b", speedup=8.0),
+        _record("level2/c", speedup=1.5),
+        _record("level2/d", outcome="crash"),
+    ]
+    page = report.render(records, "kbd sweep 3: kbd sweep --benchmark <x>")
+    parser = _Page()
+    parser.feed(page)
+    assert parser.tags.count("svg") == 2 and "table" in parser.tags
+    assert parser.external == []  # nothing to fetch
+    data = json.loads(parser.data_script)
+    kernels = {k["kernel"]: k for k in data["kernels"]}
+    assert kernels["level1/b"]["speedup"] == pytest.approx(8.0, rel=0.05)
+    assert kernels["level2/d"] == {"kernel": "level2/d", "outcome": "crash"}
+    assert [lv["level"] for lv in data["levels"]] == ["level1", "level2", "all"]
+    assert data["levels"][0]["fast_p"]["1"] == 0.5
+    assert "&lt;x&gt;" in page  # the title is escaped
+
+
+# --- end to end -----------------------------------------------------------------------------
+
+
+def test_benchmark_sweep_end_to_end(tmp_path: Path):
+    junit = tmp_path / "j.xml"
+    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--junit", str(junit)]
+    selection = ["level1/2_", "level9/1_", "-j", "2", "--benchmark", *quick]
+    result = kbd("sweep", *fixture_args(*selection), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr  # the mismatch fixture
+    assert "fast_0.5" in result.stdout and "level1/2_relu_scale" in result.stdout
+    records = json_records(kbd("results", "--json", cwd=tmp_path).stdout)
+    timed = records["level1/2_relu_scale"]
+    assert timed["outcome"] == "pass" and timed["phase"] == "bench"
+    bench = timed["bench"]
+    assert bench["compiled"]["n"] >= 3 and bench["speedup"] > 0
+    assert bench["compiled"]["gflops"] > 0 and bench["eager"]["gflops"] > 0
+    assert bench["overhead_ns"] > 0
+    assert records["level9/1_mismatch"]["bench"] is None
+    assert records["level9/1_mismatch"]["not_benchmarked"].startswith("did not pass (mismatch")
+    assert any(p.get("name") == "speedup" for p in ET.parse(junit).getroot().iter("property"))
+
+    page = tmp_path / "r.html"
+    assert kbd("results", "--html", str(page), cwd=tmp_path).returncode == 0
+    assert "level1/2_relu_scale" in page.read_text()
+    same = kbd("compare", "1", "1", "--fail-on-regression", cwd=tmp_path)
+    assert same.returncode == 0 and "0 slower" in same.stdout
+
+
+def test_sweeps_without_benchmark_carry_no_bench_fields(tmp_path: Path):
+    result = kbd("run", "--json", *fixture_args("level1/2_"), cwd=tmp_path)
+    (record,) = json_records(result.stdout).values()
+    assert record["bench"] is None and record["not_benchmarked"] is None
+    assert record["phase"] == "check" and "bench" not in record["times"]
+
+
+def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):
+    result = kbd(
+        "run", *fixture_args("level1/2_", "--benchmark", "--bench-budget", "0"), cwd=tmp_path
+    )
+    assert result.returncode == 2 and "--bench-budget" in result.stderr
