@@ -168,8 +168,8 @@ def _histogram(speedups: Sequence[float]) -> str:
     for s in speedups:
         index = int((math.log10(s) - low) * 4)
         bins[min(max(index, 0), len(bins) - 1)] += 1
-    top = max(bins)
-    parts = _axes(low, high, "kernels", "speedup over eager (log scale)", top, lambda v: f"{v:.3g}")
+    top = max(4, math.ceil(max(bins) / 4) * 4)  # whole numbers at the quarter ticks
+    parts = _axes(low, high, "kernels", "speedup over eager (log scale)", top, lambda v: f"{v:g}")
     for i, count in enumerate(bins):
         if not count:
             continue
