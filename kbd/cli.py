@@ -261,8 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.05,
         metavar="FRACTION",
-        help="smallest change that counts as significant, even when its interval excludes "
-        "no change (default 0.05, i.e. 5%%)",
+        help="a change is significant when its 95%% interval excludes 1 and it is at least "
+        "this large (default 0.05, i.e. 5%%)",
     )
     compare.add_argument(
         "--fail-on-regression",
