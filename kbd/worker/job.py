@@ -81,12 +81,12 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         module = cached_import.import_module(job, lifted, lifted_args, send)
         out_types, in_types = mlir.results_to_out_params(module)
         _check_signature(job, out_types, in_types, expected, inputs)
-        if job.bench is not None:
-            mlir.add_bench_wrappers(module)
     for stage in job.stages:
         with step(f"pipeline:{stage.name}"):
             mlir.apply_stage(module, stage)
     with step("jit"):
+        if job.bench is not None:
+            mlir.add_bench_wrappers(module, len(out_types) + len(in_types))
         compiled = mlir.Compiled(module, job.opt_level)
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     with step("run"):

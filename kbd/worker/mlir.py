@@ -26,6 +26,7 @@ from kbd.worker import decompositions, runtime
 
 ENTRY = "main"
 TRANSFORM_ENTRY = "__transform_main"
+CIFACE_PREFIX = "_mlir_ciface_"  # the C interface of a function with llvm.emit_c_interface
 BENCH_ENTRY = "__kbd_bench"  # times batches of calls to @main
 NOOP_BENCH_ENTRY = "__kbd_bench_noop"  # the same loop around an empty function: the overhead
 
@@ -101,36 +102,42 @@ def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[Buf
         return [_buffer_type(t) for t in results], [_buffer_type(t) for t in inputs]
 
 
-def add_bench_wrappers(module: ir.Module) -> None:
-    """Emit the timing loops into the module, before the pipeline runs, so the pipeline lowers
-    them with the kernel (as lighthouse's `__benchmark` wrapper is).
+def add_bench_wrappers(module: ir.Module, buffers: int) -> None:
+    """Emit the timing loops into a lowered (LLVM dialect) module, after the pipeline.
 
-    `@__kbd_bench(outputs..., inputs..., %ns: memref<?xi64>, %samples: index, %batch: index)`
-    calls `@main` `batch` times per sample and stores each sample's nanoseconds in `ns`, read
-    with libc's `clock_gettime(CLOCK_MONOTONIC)` (it resolves in the JIT; MLIR's `rtclock` lives
-    in a library the torch-mlir wheel lacks). `@__kbd_bench_noop` is the same loop around an
-    empty function with the same arguments: what it measures is the calling path's overhead.
-    Both callees are `noinline` (the empty one also `optnone`, or LLVM would delete its calls),
-    so LLVM can neither merge nor hoist repeated calls in the loop.
+    `@__kbd_bench(buffer descriptors..., %ns: !llvm.ptr, %samples: i64, %batch: i64)` calls
+    `@main`'s C interface `batch` times per sample and stores each sample's nanoseconds in
+    `ns[i]`, read with libc's `clock_gettime(CLOCK_MONOTONIC)` (it resolves in the JIT; MLIR's
+    `rtclock` lives in a library the torch-mlir wheel lacks). `@__kbd_bench_noop` is the same
+    loop around an empty function with the same arguments: what it measures is the calling
+    path's overhead. The callees are `noinline` (the empty one also `optnone`, or LLVM would
+    delete its calls), so LLVM can neither merge nor hoist repeated calls in the loop.
+    Emitting the loops after the pipeline (lighthouse emits its `__benchmark` before) keeps
+    schedules from ever seeing them: a transform script may assume the module has one function.
     """
     with module.context, ir.Location.unknown():
-        main = _find_function(module, ENTRY)
-        main.attributes["llvm.no_inline"] = ir.UnitAttr.get()
-        args = [str(t) for t in main.type.inputs]
-        params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(args))
-        names = ", ".join(f"%a{i}" for i in range(len(args)))
-        types = ", ".join(args)
-        sep = ", " if args else ""
-        # The declaration of @main only lets the snippet parse on its own; it is not moved.
-        text = f"func.func private @{ENTRY}({types})\n" + _CLOCK
-        for wrapper, callee in ((BENCH_ENTRY, ENTRY), (NOOP_BENCH_ENTRY, "__kbd_noop")):
+        entry = _find_llvm_function(module, CIFACE_PREFIX + ENTRY)
+        entry.attributes["no_inline"] = ir.UnitAttr.get()
+        ptrs = ", ".join(["!llvm.ptr"] * buffers)
+        params = ", ".join(f"%a{i}: !llvm.ptr" for i in range(buffers))
+        names = ", ".join(f"%a{i}" for i in range(buffers))
+        sep = ", " if buffers else ""
+        # The declaration of the entry only lets the snippet parse on its own; it is not moved.
+        text = f"llvm.func @{CIFACE_PREFIX}{ENTRY}({ptrs})\n" + _CLOCK
+        text += f"llvm.func @__kbd_noop({params}) attributes "
+        text += '{passthrough = ["noinline", "optnone"]} {\n  llvm.return\n}\n'
+        for wrapper, callee in (
+            (BENCH_ENTRY, CIFACE_PREFIX + ENTRY),
+            (NOOP_BENCH_ENTRY, "__kbd_noop"),
+        ):
             text += _BENCH_LOOP.format(
-                wrapper=wrapper, callee=callee, params=params, names=names, types=types, sep=sep
+                wrapper=CIFACE_PREFIX + wrapper,
+                callee=callee,
+                params=params,
+                names=names,
+                types=ptrs,
+                sep=sep,
             )
-        text += (
-            f"func.func private @__kbd_noop({params}) "
-            '\n    attributes {llvm.passthrough = ["noinline", "optnone"]} {\n  return\n}\n'
-        )
         extra = ir.Module.parse(text)
         for op in list(extra.body.operations)[1:]:
             op.detach_from_parent()
@@ -154,21 +161,34 @@ llvm.func @__kbd_now_ns() -> i64 {
 }
 """
 
+# Loops in plain LLVM control flow: for i < samples { t0; for j < batch { call }; ns[i] = t1-t0 }
 _BENCH_LOOP = """
-func.func @{wrapper}({params}{sep}%ns: memref<?xi64>, %samples: index, %batch: index)
-    attributes {{llvm.emit_c_interface}} {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  scf.for %i = %c0 to %samples step %c1 {{
-    %t0 = llvm.call @__kbd_now_ns() : () -> i64
-    scf.for %j = %c0 to %batch step %c1 {{
-      func.call @{callee}({names}) : ({types}) -> ()
-    }}
-    %t1 = llvm.call @__kbd_now_ns() : () -> i64
-    %dt = arith.subi %t1, %t0 : i64
-    memref.store %dt, %ns[%i] : memref<?xi64>
-  }}
-  return
+llvm.func @{wrapper}({params}{sep}%ns: !llvm.ptr, %samples: i64, %batch: i64) {{
+  %zero = llvm.mlir.constant(0 : i64) : i64
+  %one = llvm.mlir.constant(1 : i64) : i64
+  llvm.br ^sample(%zero : i64)
+^sample(%i: i64):
+  %more = llvm.icmp "slt" %i, %samples : i64
+  llvm.cond_br %more, ^start, ^done
+^start:
+  %t0 = llvm.call @__kbd_now_ns() : () -> i64
+  llvm.br ^call(%zero : i64)
+^call(%j: i64):
+  %again = llvm.icmp "slt" %j, %batch : i64
+  llvm.cond_br %again, ^body, ^stop
+^body:
+  llvm.call @{callee}({names}) : ({types}) -> ()
+  %next_j = llvm.add %j, %one : i64
+  llvm.br ^call(%next_j : i64)
+^stop:
+  %t1 = llvm.call @__kbd_now_ns() : () -> i64
+  %dt = llvm.sub %t1, %t0 : i64
+  %slot = llvm.getelementptr %ns[%i] : (!llvm.ptr, i64) -> !llvm.ptr, i64
+  llvm.store %dt, %slot : i64, !llvm.ptr
+  %next_i = llvm.add %i, %one : i64
+  llvm.br ^sample(%next_i : i64)
+^done:
+  llvm.return
 }}
 """
 
@@ -273,7 +293,8 @@ class BenchTimer:
 
     def __call__(self, samples: int, batch: int) -> np.ndarray:
         ns = np.zeros(samples, np.int64)
-        packed = _Packed([*self._buffers, ns], [ctypes.c_int64(samples), ctypes.c_int64(batch)])
+        scalars = [ctypes.c_void_p(ns.ctypes.data), ctypes.c_int64(samples), ctypes.c_int64(batch)]
+        packed = _Packed(self._buffers, scalars)
         self._function(packed.array)
         return ns
 
@@ -283,6 +304,14 @@ def _find_function(module: ir.Module, name: str) -> func.FuncOp:
         if isinstance(op.opview, func.FuncOp) and op.opview.sym_name.value == name:
             return op.opview
     raise ValueError(f"the imported module has no function @{name}")
+
+
+def _find_llvm_function(module: ir.Module, name: str):
+    for op in module.body.operations:
+        is_function = op.operation.name == "llvm.func"
+        if is_function and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    raise ValueError(f"the lowered module has no llvm.func @{name}")
 
 
 def _find_named_sequence(script: ir.Module, path: str):
