@@ -303,3 +303,14 @@ def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):
         "run", *fixture_args("level1/2_", "--benchmark", "--bench-budget", "0"), cwd=tmp_path
     )
     assert result.returncode == 2 and "--bench-budget" in result.stderr
+
+
+def test_schedules_never_see_the_timing_loops(tmp_path: Path):
+    """The x86_64 matmul schedule applies a pass to `func.func`, which needs exactly one function:
+    the timing loops are added after the pipeline, so it works with --benchmark too."""
+    schedule = Path(__file__).resolve().parent.parent / "schedules/x86_64/matmul/f32.yaml"
+    quick = ["--bench-time", "0.01", "--bench-samples", "2", "--pipeline", str(schedule)]
+    result = kbd("run", "--json", *fixture_args("level1/1_", "--benchmark", *quick), cwd=tmp_path)
+    (record,) = json_records(result.stdout).values()
+    assert record["outcome"] == "pass", record["message"]
+    assert record["bench"]["compiled"]["n"] >= 2
