@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
         "result, with that sweep's options",
     )
     sweep.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run on a Ray cluster (needs kbd[ray]): one kbd agent per node, results stored "
+        "here; ADDRESS is HOST:PORT of the head, 'auto' for the cluster this machine is part "
+        "of, or 'local' (with --resume: finish a cluster sweep on this machine)",
+    )
+    sweep.add_argument(
         "--shard",
         metavar="I/N",
         help="run only shard I of N (1-based; stable when kernels are added)",

@@ -14,10 +14,21 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from kbd import catalog, containment, descriptor, import_cache, limits, reports, scheduler, spec
+from kbd import (
+    catalog,
+    cluster,
+    containment,
+    descriptor,
+    import_cache,
+    limits,
+    reports,
+    scheduler,
+    spec,
+)
 from kbd.catalog import Entry
-from kbd.errors import InputError
+from kbd.errors import ClusterError, InputError
 from kbd.outcome import Record
+from kbd.outcomes import is_final
 from kbd.progress import Progress
 from kbd.protocol import Job, Limits, Stage
 from kbd.scheduler import Hooks, Planned
@@ -35,15 +46,19 @@ def run_or_sweep(args: Namespace) -> int:
     if sweep and args.resume:
         resumed = store.sweep(None if args.resume == "latest" else _sweep_id(args.resume))
         options = spec.decode(resumed.options, f"{store.path}: sweep {resumed.id}")
+        if getattr(args, "cluster", None):  # where to finish it may change; what to run may not
+            options = msgspec.structs.replace(options, cluster=spec.parse_cluster(args.cluster))
     else:
         resumed = None
         options = spec.from_args(args, Path.cwd())
+    if options.cluster is not None:
+        cluster.require_ray()
     plans, slots, budget = _plan(options, store)
     if options.shard is not None:
         plans = [p for p in plans if options.shard.contains(p.entry.name)]
     kernels = [p.entry.name for p in plans]
     if resumed is not None:
-        finished = {r.kernel for r in store.records(resumed.id)}
+        finished = {r.kernel for r in store.records(resumed.id) if is_final(r.outcome)}
         plans = [p for p in plans if p.entry.name not in finished]
         sweep_id = resumed.id
         store.set_status(sweep_id, "running")
@@ -74,23 +89,35 @@ def run_or_sweep(args: Namespace) -> int:
         else:
             progress.finished(record, reports.line(record))
 
+    def lost(record: Record) -> None:  # a cluster node was lost: not a verdict, runs again
+        store.add_attempt(sweep_id, hashes[record.kernel], record)
+        progress.running.pop(record.kernel, None)
+        progress.notice(reports.line(record))
+
     hooks = Hooks(
         started=progress.started,
         phase=progress.phase,
         memory=progress.memory,
         finished=finished,
+        lost=lost,
         notice=progress.notice,
     )
     started = time.monotonic()
     cores_per_worker = len(slots[0])
     env = {**os.environ, **limits.thread_env(cores_per_worker), "PYTHONFAULTHANDLER": "1"}
     try:
-        completed = anyio.run(
-            _execute, env, log_dir, plans, slots, budget, options.timeout, hooks, progress
-        )
-    except (TemplateError, BaseExceptionGroup) as exc:
+        if options.cluster is None:
+            completed = anyio.run(
+                _execute, env, log_dir, plans, slots, budget, options.timeout, hooks, progress
+            )
+        else:
+            from kbd.cluster import head  # imports ray
+
+            losses = store.count_attempts(sweep_id, "lost")
+            completed = head.execute(options, plans, log_dir, hooks, progress, losses)
+    except (TemplateError, ClusterError, BaseExceptionGroup) as exc:
         if isinstance(exc, BaseExceptionGroup):
-            found, _ = exc.split(TemplateError)
+            found, _ = exc.split((TemplateError, ClusterError))
             if found is None:
                 raise
             exc = found.exceptions[0]

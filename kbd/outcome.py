@@ -37,6 +37,7 @@ class Record(msgspec.Struct, kw_only=True):
     import_cache: str | None = None  # "hit" or "miss" when the import cache was used
     bench: Benchmark | None = None  # --benchmark figures of a kernel that passed
     not_benchmarked: str | None = None  # with --benchmark: why this kernel was not timed
+    node: str | None = None  # the cluster node that ran it (`--cluster`); None = this machine
 
     @property
     def failed(self) -> bool:

@@ -30,6 +30,9 @@ class OutcomeCode(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint_message: bool = True
     correct: bool = False  # the kernel's result was right: update-xfail drops its `xfail` key
     shows_tolerance: bool = False  # a report line shows the smallest passing tolerance
+    # A verdict on the kernel. False for an infrastructure event (a lost cluster agent): the
+    # kernel runs again, and `--resume` treats it as not finished.
+    final: bool = True
 
 
 # Display order: counts, summary rows and the README table follow the order of this tuple.
@@ -104,12 +107,25 @@ TABLE: tuple[OutcomeCode, ...] = (
         failure=False,
         junit="skipped",
     ),
+    OutcomeCode(
+        name="lost",
+        meaning="not a verdict: the cluster node or kbd agent running it was lost; the kernel "
+        "runs again on another node (a kernel in flight during two losses ends as `crash`)",
+        failure=False,
+        junit="skipped",
+        final=False,
+    ),
 )
 
 CODES: dict[str, OutcomeCode] = {code.name: code for code in TABLE}
 ORDER: tuple[str, ...] = tuple(CODES)
 Outcome = Literal[ORDER]  # type: ignore[valid-type]  # built from the table; msgspec checks it
 EXPECTABLE: tuple[str, ...] = tuple(c.name for c in TABLE if c.expectable)
+
+
+def is_final(outcome: str) -> bool:
+    """Is this outcome a verdict on the kernel (not an attempt lost to infrastructure)?"""
+    return CODES[outcome].final
 
 
 def is_failure(outcome: str) -> bool:

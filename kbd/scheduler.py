@@ -41,11 +41,14 @@ class Hooks:
     phase: Callable[[str, str], None] = lambda kernel, phase: None
     memory: Callable[[str, int], None] = lambda kernel, rss: None
     finished: Callable[[Record], None] = lambda record: None
+    lost: Callable[[Record], None] = lambda record: None  # a non-final attempt (kbd.cluster)
     notice: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
 
 
 @dataclass
-class _Memory:
+class Memory:
+    """Memory admission: a kernel starts once its predicted need fits the budget."""
+
     budget: int
     used: int = 0
     changed: anyio.Event = field(default_factory=anyio.Event)
@@ -83,35 +86,18 @@ async def execute(
     hooks: Hooks,
 ) -> bool:
     """Run every plan; returns False when the user interrupted before all had started."""
-    memory = _Memory(budget)
+    memory = Memory(budget)
     free_slots = list(slots)
     slot_freed = anyio.Event()
     stopping = anyio.Event()
 
     async def run_one(plan: Planned, cores: tuple[int, ...]) -> None:
         nonlocal slot_freed
-        job = _with_cores(plan.job, cores)
         try:
             hooks.started(plan.entry.name)
-            try:
-                record = await run_kernel(
-                    spawner,
-                    plan.entry,
-                    job,
-                    timeout=timeout,
-                    log_path=log_dir / (plan.entry.name.replace("/", "__") + ".log"),
-                    on_phase=hooks.phase,
-                    on_memory=hooks.memory,
-                )
-            except Exception as exc:
-                if _is_template_error(exc):
-                    raise  # no worker can start any more: the command ends
-                record = Record(  # a kbd bug must not end the sweep: record it
-                    kernel=plan.entry.name,
-                    outcome="error",
-                    phase="supervisor",
-                    message=f"kbd internal error: {exc!r}",
-                )
+            record = await run_plan(
+                spawner, plan, cores, timeout=timeout, log_dir=log_dir, hooks=hooks
+            )
             hooks.finished(record)
         finally:
             memory.release(plan.memory)
@@ -120,10 +106,10 @@ async def execute(
             slot_freed = anyio.Event()
 
     async with anyio.create_task_group() as group:
-        group.start_soon(_watch_interrupts, stopping, group.cancel_scope, hooks)
+        group.start_soon(watch_interrupts, stopping, group.cancel_scope, hooks)
         for plan in plans:
             if plan.memory > budget:
-                hooks.finished(_skipped(plan, budget))
+                hooks.finished(skipped(plan, budget))
                 continue
             while not free_slots and not stopping.is_set():
                 with anyio.move_on_after(0.5):
@@ -140,7 +126,42 @@ async def execute(
     return completed
 
 
-async def _watch_interrupts(stopping: anyio.Event, scope: anyio.CancelScope, hooks: Hooks) -> None:
+async def run_plan(
+    spawner: Spawner,
+    plan: Planned,
+    cores: tuple[int, ...],
+    *,
+    timeout: float,
+    log_dir: Path,
+    hooks: Hooks,
+) -> Record:
+    """Run one planned kernel pinned to `cores`; a kbd bug becomes the kernel's error record.
+
+    Only a dead template (no worker can start any more) raises.
+    """
+    job = _with_cores(plan.job, cores)
+    try:
+        return await run_kernel(
+            spawner,
+            plan.entry,
+            job,
+            timeout=timeout,
+            log_path=log_dir / (plan.entry.name.replace("/", "__") + ".log"),
+            on_phase=hooks.phase,
+            on_memory=hooks.memory,
+        )
+    except Exception as exc:
+        if _is_template_error(exc):
+            raise  # no worker can start any more: the command ends
+        return Record(  # a kbd bug must not end the sweep: record it
+            kernel=plan.entry.name,
+            outcome="error",
+            phase="supervisor",
+            message=f"kbd internal error: {exc!r}",
+        )
+
+
+async def watch_interrupts(stopping: anyio.Event, scope: anyio.CancelScope, hooks: Hooks) -> None:
     """First Ctrl-C: start nothing new, let running kernels finish. Second: kill them."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
@@ -160,7 +181,8 @@ def _with_cores(job: Job, cores: tuple[int, ...]) -> Job:
     return msgspec.structs.replace(job, limits=msgspec.structs.replace(job.limits, cores=cores))
 
 
-def _skipped(plan: Planned, budget: int) -> Record:
+def skipped(plan: Planned, budget: int) -> Record:
+    """The record of a kernel predicted to need more than the whole memory budget."""
     message = (
         f"needs about {format_size(plan.memory)}, more than the memory budget {format_size(budget)}"
     )

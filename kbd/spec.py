@@ -21,6 +21,7 @@ from kbd.errors import InputError
 from kbd.protocol import BenchOptions
 
 DEFAULT_MEM_LIMIT = "4GiB"
+LOCAL = "local"  # `--cluster local`: run on this machine (e.g. to resume a cluster sweep here)
 
 
 class Shard(msgspec.Struct, frozen=True):
@@ -65,6 +66,9 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     require_sandbox: bool = False  # a mechanism missing on this machine fails the kernel
     # benchmarking
     bench: BenchOptions | None = None  # --benchmark: time passing kernels against eager
+    # where: a Ray cluster address ("auto", "HOST:PORT", "ray://..."), or None for this machine.
+    # On a cluster, `jobs` and `mem_budget` apply per node (see kbd.cluster).
+    cluster: str | None = None
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -88,6 +92,8 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if self.bench.budget_s <= 0:
                 raise InputError(f"--bench-budget must be positive, got {self.bench.budget_s:g}")
+        if self.cluster is not None and (not self.cluster.strip() or " " in self.cluster):
+            raise InputError(f"--cluster {self.cluster!r}: expected auto, HOST:PORT or ray://...")
 
 
 def from_args(args: Namespace, cwd: Path) -> SweepSpec:
@@ -113,6 +119,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         require_sandbox=args.require_sandbox,
         shapes=args.shapes,
         bench=_bench_options(args),
+        cluster=parse_cluster(getattr(args, "cluster", None)),
     )
 
 
@@ -132,6 +139,11 @@ def parse_shard(text: str) -> Shard:
     if not 1 <= index <= count:
         raise InputError(f"--shard {text!r}: I must be between 1 and N")
     return Shard(index, count)
+
+
+def parse_cluster(text: str | None) -> str | None:
+    """`--cluster ADDRESS|auto|local`: local (or no option) means this machine."""
+    return None if text is None or text == LOCAL else text
 
 
 def encode(spec: SweepSpec) -> str:

@@ -135,6 +135,15 @@ class Store:
         )
         return list(_latest(rows).values())
 
+    def count_attempts(self, sweep_id: int, outcome: str) -> dict[str, int]:
+        """kernel -> how many of its attempts in a sweep ended with `outcome` (e.g. `lost`)."""
+        rows = self._db.execute(
+            "SELECT kernel, count(*) FROM attempts WHERE sweep_id = ? AND outcome = ?"
+            " GROUP BY kernel",
+            (sweep_id, outcome),
+        )
+        return dict(rows.fetchall())
+
     def past(self) -> dict[str, Record]:
         """The latest record of every kernel ever run (for ordering and memory prediction)."""
         return _latest(self._db.execute("SELECT record FROM attempts ORDER BY id"))

@@ -29,6 +29,7 @@ def test_help_does_not_import_torch(command):
         "    pass\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert 'torch_mlir' not in sys.modules, 'torch_mlir imported'\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -40,7 +41,8 @@ def test_supervisor_modules_do_not_import_torch():
         "import sys\n"
         "import kbd.cli, kbd.commands, kbd.history, kbd.scheduler, kbd.runner, kbd.store\n"
         "import kbd.reports, kbd.progress, kbd.catalog, kbd.descriptor, kbd.spawner\n"
-        "bad = [m for m in ('torch', 'torch_mlir', 'numpy') if m in sys.modules]\n"
+        "import kbd.cluster, kbd.cluster.versions, kbd.cluster.wire\n"
+        "bad = [m for m in ('torch', 'torch_mlir', 'numpy', 'ray') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -146,3 +148,34 @@ def test_kernels_that_cannot_fit_the_budget_are_skipped(tmp_path):
     assert (record["outcome"], record["phase"]) == ("skipped", "schedule")
     assert "needs about" in record["message"] and "100.0 MiB" in record["message"]
     assert result.returncode == 0
+
+
+def test_a_plain_sweep_never_imports_ray(tmp_path):
+    """Without --cluster nothing imports ray, installed or not (the `ray` extra is optional)."""
+    code = (
+        "import sys\n"
+        "from kbd.cli import main\n"
+        f"code = main(['sweep', *{fixture_args('level1/1_')!r}])\n"
+        "assert code == 0, code\n"
+        "assert 'ray' not in sys.modules, 'ray imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_cluster_without_ray_installed(tmp_path):
+    """`--cluster` without the `ray` extra: one line saying what to install, nothing recorded."""
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # as if Ray were not installed\n"
+        "from kbd.cli import main\n"
+        f"sys.exit(main(['sweep', *{fixture_args('level1/1_', '--cluster', 'auto')!r}]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'kbd[ray]'" in result.stderr
+    assert "no sweep recorded yet" in kbd("results", cwd=tmp_path).stderr

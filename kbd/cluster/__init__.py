@@ -1,0 +1,25 @@
+"""Sweeps on a Ray cluster (`kbd sweep --cluster ADDRESS`, optional extra `kbd[ray]`).
+
+One kbd agent per node (`agent.py`, a Ray actor pinned to its node) owns that node's warm
+template, core pinning, memory admission and sandboxing, exactly as a local sweep does. The head
+(`head.py`, the `kbd sweep` process) dispatches kernels to agents and stores every record in its
+own SQLite store. Ray provides placement, transport, membership and failure detection; kbd is the
+only retry authority. Only `agent.py` and `head.py` import ray; this module does not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from kbd.errors import InputError
+
+RAY_VERSION = "2.60.0"  # the version pinned by the `ray` extra in pyproject.toml
+
+
+def require_ray() -> None:
+    """Fail with one clear line when Ray is not installed (the `ray` extra)."""
+    if importlib.util.find_spec("ray") is None:
+        raise InputError(
+            f"--cluster needs Ray: install kbd with the ray extra (pip install 'kbd[ray]', "
+            f"ray=={RAY_VERSION}) on this machine and on every node"
+        )
