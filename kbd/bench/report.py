@@ -245,6 +245,7 @@ body { font: 14px system-ui, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; }
 table { border-collapse: collapse; margin: 12px 0; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+td { white-space: nowrap; }
 td:first-child, th:first-child { text-align: left; }
 table.kernels th { cursor: pointer; background: #f4f4f4; position: sticky; top: 0; }
 table.kernels th.sorted::after { content: " \\2195"; }
