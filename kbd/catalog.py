@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import operator
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,39 +16,14 @@ import msgspec
 import yaml
 
 from kbd.errors import InputError
+from kbd.levels import schema
 from kbd.outcomes import CODES, EXPECTABLE
 from kbd.protocol import Input, Scalar, Tensor
 from kbd.shapes import DTYPE_BYTES, Shape, parse_dims, parse_shape
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-LEVELS_DIR = REPO_ROOT / "levels"
+REPO_ROOT = schema.REPO_ROOT
+LEVELS_DIR = schema.LEVELS_DIR
 DEFAULT_KERNELBENCH = REPO_ROOT / "third_party" / "KernelBench" / "KernelBench"
-FIELDS = {
-    "kernel",
-    "input_shapes",
-    "initializations",
-    "output_shape",
-    "init_args",
-    "gflops",
-    "pipeline",
-    "dtype",
-    "warning",
-    "xfail",
-}
-XFAIL_FIELDS = {"outcome", "phase", "message"}
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML without YAML 1.1's hex, octal and sexagesimal integers: `0x10` is a shape string."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(0|[1-9][0-9_]*)$"), list("-+0123456789")
-)
 
 
 class Expectation(msgspec.Struct, frozen=True):
@@ -88,7 +62,6 @@ class Entry(msgspec.Struct, frozen=True):
     gflops: float | None
     pipeline: str | None
     dtype: str
-    warning: str | None
     xfail: Expectation | None
 
     @property
@@ -97,17 +70,19 @@ class Entry(msgspec.Struct, frozen=True):
 
 
 def kernelbench_root(option: str | None) -> Path:
-    """`--kernelbench DIR`, else $KBD_KERNELBENCH, else the submodule; must hold level1/ etc."""
+    """`--kernelbench DIR`, else $KBD_KERNELBENCH, else the submodule.
+
+    Any folder will do: `check_sources` then requires each selected kernel's file under it."""
     if option:
         root, origin = Path(option), "--kernelbench"
     elif os.environ.get("KBD_KERNELBENCH"):
         root, origin = Path(os.environ["KBD_KERNELBENCH"]), "KBD_KERNELBENCH"
     else:
         root, origin = DEFAULT_KERNELBENCH, "default location"
-    if not root.is_dir() or not any(root.glob("level*")):
+    if not root.is_dir():
         raise InputError(
             f"KernelBench not found at {root} ({origin}): run `git submodule update --init` "
-            "or pass --kernelbench DIR (the folder holding level1/, level2/, ...)"
+            "or pass --kernelbench DIR (the folder holding the kernels' level1/, level2/, ...)"
         )
     return root.resolve()
 
@@ -141,12 +116,20 @@ def load(files: list[Path]) -> list[Entry]:
 
 
 def load_file(path: Path) -> list[Entry]:
+    return load_text(read_levels_text(path), path)
+
+
+def read_levels_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        return path.read_text()
     except OSError as exc:
         raise InputError(f"{path}: cannot read levels file ({exc.strerror})") from None
+
+
+def load_text(text: str, path: Path) -> list[Entry]:
+    """Validate the text of levels file `path` (not read from disk: e.g. before writing it)."""
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=schema.Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -188,7 +171,7 @@ def _entry(path: Path, index: int, raw: Any) -> Entry:
     if not isinstance(kernel, str) or not kernel.endswith(".py"):
         raise InputError(f"{where}: field 'kernel' must be a path like level1/2_Name.py")
     where = f"{path}: {kernel}"
-    unknown = set(raw) - FIELDS
+    unknown = set(raw) - set(schema.FIELDS)
     if unknown:
         raise InputError(f"{where}: unknown field {sorted(map(str, unknown))[0]!r}")
     dtype = raw.get("dtype", "f32")
@@ -203,7 +186,6 @@ def _entry(path: Path, index: int, raw: Any) -> Entry:
         gflops=_gflops(raw.get("gflops"), where),
         pipeline=_optional_str(raw, "pipeline", where),
         dtype=dtype,
-        warning=_optional_str(raw, "warning", where),
         xfail=_xfail(raw.get("xfail"), where),
     )
 
@@ -314,7 +296,7 @@ def _xfail(value: Any, where: str) -> Expectation | None:
         return None
     if not isinstance(value, dict) or "outcome" not in value:
         raise InputError(f"{where}: field 'xfail' must be a mapping with at least 'outcome'")
-    unknown = set(value) - XFAIL_FIELDS
+    unknown = set(value) - set(schema.XFAIL_FIELDS)
     if unknown:
         raise InputError(f"{where}: field 'xfail' has unknown key {sorted(map(str, unknown))[0]!r}")
     if value["outcome"] not in EXPECTABLE:

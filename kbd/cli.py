@@ -12,6 +12,7 @@ import sys
 
 from kbd import __version__, spec
 from kbd.errors import InputError
+from kbd.levels import cli as levels_cli
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -29,6 +30,7 @@ examples:
   kbd sweep --resume          # finish the latest sweep after an interruption
   kbd results --json          # the latest sweep's records as JSON Lines
   kbd doctor --strict         # is every limit and containment enforced on this machine?
+  kbd levels check            # validate every levels file
 """
 
 
@@ -298,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit with status 1 when any enforcement does not work (for CI)",
     )
     _daemon_parser(sub)
+    levels_cli.add_parser(sub)
     return parser
 
 
@@ -370,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             from kbd.daemon import commands as daemon_commands
 
             return daemon_commands.main(args)
+        if args.command == "levels":
+            return levels_cli.run(args)
         from kbd import history
 
         if args.command == "results":

@@ -32,7 +32,6 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 # A forked worker starts with the template's ~0.5 GB of private data (torch, torch-mlir) and its
 # own allocations during import and JIT; kernel buffers come on top.
 WORKER_BASE_BYTES = 700 << 20
-DEFAULT_MEM_LIMIT = 4 << 30
 BUDGET_FRACTION = 0.75
 RESERVE_BYTES = 2 << 30
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

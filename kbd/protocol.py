@@ -2,9 +2,10 @@
 
 Frames are a 4-byte big-endian length followed by a msgpack payload. Two channels use them:
 
-- supervisor <-> worker, on a socketpair private to one kernel: the supervisor sends one `Job`;
-  the worker answers `Phase` heartbeats (sent *before* each step, so a death is pinned to a phase)
-  and one `Result`. The worker's stdout/stderr never carry frames.
+- supervisor <-> worker, on a socketpair private to one kernel: the supervisor sends one task
+  (a `Job`, or a `Generate` for the levels generator); the worker answers `Phase` heartbeats
+  (sent *before* each step, so a death is pinned to a phase) and one `Result` (or `Generated`).
+  The worker's stdout/stderr never carry frames.
 - supervisor <-> template (the warm process that forks workers), on a Unix socket: `Spawn`
   (the worker's socket end travels with it as SCM_RIGHTS), answered by `Spawned` and, when the
   worker is reaped, `Exited`.
@@ -104,7 +105,7 @@ class BenchOptions(msgspec.Struct, frozen=True):
     budget_s: float = 20.0  # stop sampling after this long, whatever was reached
 
 
-class Job(msgspec.Struct, frozen=True):
+class Job(msgspec.Struct, frozen=True, tag="job"):
     """Everything a worker needs to run one kernel."""
 
     kernel: str  # e.g. "level1/2_Standard_matrix_multiplication_.py"
@@ -122,6 +123,28 @@ class Job(msgspec.Struct, frozen=True):
     limits: Limits
     import_cache: ImportCache | None = None  # None: import without the cache
     bench: BenchOptions | None = None  # time the kernel after it passes
+
+
+class Budget(msgspec.Struct, frozen=True):
+    """What one kernel may cost at the shapes a levels file gives it."""
+
+    nbytes: int  # inputs + outputs + parameters and buffers
+    flops: float  # one forward
+
+
+class Generate(msgspec.Struct, frozen=True, tag="generate"):
+    """Measure one problem for a levels file (`kbd levels generate`): shapes within `budget`."""
+
+    kernel: str  # e.g. "level1/2_Standard_matrix_multiplication_.py"
+    source: str  # absolute path of the problem file
+    budget: Budget
+    limits: Limits
+    # Hand-given in overrides.yaml: measure at these instead of searching (None: not given).
+    input_shapes: list[str | int | float] | None = None
+    init_args: list[Any] | None = None
+
+
+Task = Job | Generate
 
 
 # --- worker -> supervisor -------------------------------------------------------------------
@@ -155,7 +178,8 @@ class Result(msgspec.Struct, frozen=True, tag="result"):
     outcome: Outcome
     phase: str
     message: str = ""
-    tolerance: float | None = None  # smallest tolerance (power of ten) that passes
+    # The smallest tolerance of the form requested * 10**k, up to max_tolerance, that passes.
+    passing_tolerance: float | None = None
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     times: dict[str, float] = {}  # seconds per phase
@@ -170,7 +194,24 @@ class Imported(msgspec.Struct, frozen=True, tag="imported"):
     module: str
 
 
-WorkerMessage = Phase | Result | Imported
+class Generated(msgspec.Struct, frozen=True, tag="generated"):
+    """A problem measured at the shapes chosen for its levels entry (answer to `Generate`)."""
+
+    input_shapes: list[str | int | float]  # levels-file shape strings, or numbers for scalars
+    initializations: list[str]
+    outputs: list[tuple[int, ...]]  # () for a 0-d output
+    init_args: list[Any]
+    flops: int
+    nbytes: int
+    original_flops: int  # at KernelBench's own shapes
+    original_nbytes: int
+    reductions: list[tuple[str, Any, Any]] = []  # (knob, KernelBench's value, chosen value)
+    fits: bool = True  # within the budget
+    # Entry fields from further measurement steps (kbd.worker.generate.FIELD_STEPS).
+    fields: dict[str, Any] = {}
+
+
+WorkerMessage = Phase | Result | Imported | Generated
 
 
 # --- supervisor <-> template ----------------------------------------------------------------
@@ -197,9 +238,6 @@ class Exited(msgspec.Struct, frozen=True, tag="exited"):
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
     """The template has imported everything and accepts Spawn frames."""
-
-    pid: int
-    versions: dict[str, str]
 
 
 TemplateMessage = Spawned | Exited | Ready

@@ -18,8 +18,8 @@ from kbd.outcomes import CODES, format_counts, sort_key
 def line(record: Record) -> str:
     """One readable line: outcome, kernel, phase, time, peak memory, tolerance or message."""
     detail = []
-    if record.tolerance is not None and CODES[record.outcome].shows_tolerance:
-        detail.append(f"tol {record.tolerance:g}")
+    if record.passing_tolerance is not None and CODES[record.outcome].shows_tolerance:
+        detail.append(f"tol {record.passing_tolerance:g}")
     if record.signal:
         detail.append(record.signal)
     if record.message and record.outcome != "pass":

@@ -25,7 +25,7 @@ from kbd.bench import stats
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
-from kbd.protocol import Imported, Job, Phase, Result, WorkerMessage
+from kbd.protocol import Generated, Imported, Job, Phase, Result, Task, WorkerMessage
 from kbd.spawner import Spawner, Worker
 
 LOG_CAP_BYTES = 32 << 20
@@ -35,9 +35,11 @@ DRAIN_GRACE_S = 2.0
 
 
 @dataclass
-class _State:
+class WorkerEnd:
+    """What the supervisor saw of one worker, from spawn to reaping."""
+
     phase: str = "start"
-    result: Result | None = None
+    result: Result | Generated | None = None  # the worker's answer to its task
     timed_out: bool = False
     memory_killed: bool = False
     peak_rss: int = 0
@@ -48,6 +50,21 @@ class _State:
     imported: Imported | None = None  # a fresh module for the import cache
     log_bytes: int = 0
     drained: anyio.Event = field(default_factory=anyio.Event)
+    wall_s: float = 0.0
+
+    def death(self, mem_limit: int | None, timeout: float) -> Death:
+        """The facts `outcome.classify` needs."""
+        return Death(
+            returncode=self.exit_code,
+            last_phase=self.phase,
+            timed_out=self.timed_out,
+            timeout_s=timeout,
+            memory_killed=self.memory_killed,
+            mem_limit=mem_limit,
+            peak_rss_bytes=max(self.peak_rss, self.exit_peak) or None,
+            llvm_error=self.llvm_error,
+            protocol_error=self.protocol_error,
+        )
 
 
 async def run_kernel(
@@ -68,10 +85,41 @@ async def run_kernel(
 
 
 async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
-    started = time.monotonic()
-    state = _State()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     job = await _with_cached_import(job)
+    state = await run_in_worker(
+        spawner,
+        job,
+        name=entry.name,
+        mem_limit=job.limits.mem_limit,
+        timeout=timeout,
+        log_path=log_path,
+        on_phase=on_phase,
+        on_memory=on_memory,
+    )
+    imported = state.imported
+    if imported is not None and job.import_cache and imported.key == job.import_cache.key:
+        with contextlib.suppress(OSError):  # a full disk costs the cache entry, not the result
+            await anyio.to_thread.run_sync(import_cache.store, job.import_cache, imported.module)
+    return _record(entry, job, state, timeout, log_path)
+
+
+async def run_in_worker(
+    spawner: Spawner,
+    task: Task,
+    *,
+    name: str,
+    mem_limit: int | None,
+    timeout: float,
+    log_path: Path,
+    on_phase: Callable[[str, str], None] = lambda name, phase: None,
+    on_memory: Callable[[str, int], None] = lambda name, rss: None,
+) -> WorkerEnd:
+    """Run any task (a Job, or a Generate) in a new worker under a deadline and the memory
+    watch; never raises for the worker's own failure (only cancellation propagates, after the
+    worker is reaped)."""
+    started = time.monotonic()
+    state = WorkerEnd()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     worker = await spawner.spawn()
     try:
         with open(log_path, "wb") as log:
@@ -79,7 +127,7 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
                 drain_group.start_soon(_drain, worker.output_fd, log, state)
                 try:
                     await _supervise(
-                        spawner, worker, entry, job, timeout, state, on_phase, on_memory
+                        spawner, worker, task, name, mem_limit, timeout, state, on_phase, on_memory
                     )
                 finally:
                     with anyio.CancelScope(shield=True):
@@ -91,11 +139,8 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
         os.close(worker.output_fd)
         with contextlib.suppress(OSError):
             await worker.channel.aclose()
-    if state.imported is not None:
-        with contextlib.suppress(OSError):  # a full disk costs the cache entry, not the result
-            module = state.imported.module
-            await anyio.to_thread.run_sync(import_cache.store, job.import_cache, module)
-    return _record(entry, job, state, time.monotonic() - started, timeout, log_path)
+    state.wall_s = time.monotonic() - started
+    return state
 
 
 async def _with_cached_import(job: Job) -> Job:
@@ -110,21 +155,23 @@ async def _with_cached_import(job: Job) -> Job:
     )
 
 
-async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_memory) -> None:
+async def _supervise(
+    spawner, worker, task, name, mem_limit, timeout, state, on_phase, on_memory
+) -> None:
     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-        await worker.channel.send(protocol.encode(job))  # a worker dead already is classified
+        await worker.channel.send(protocol.encode(task))  # a worker dead already is classified
     with anyio.move_on_after(timeout) as deadline:
         async with anyio.create_task_group() as group:
             group.start_soon(
                 _watch_memory,
                 worker.pid,
-                job.limits.mem_limit,
+                mem_limit,
                 state,
                 on_memory,
-                entry.name,
+                name,
                 group.cancel_scope,
             )
-            await _receive(worker, job, state, entry.name, on_phase)
+            await _receive(worker, state, name, on_phase)
             if state.protocol_error is None:
                 exited = await spawner.wait(worker.pid)
                 state.exit_code = exited.returncode
@@ -133,7 +180,7 @@ async def _supervise(spawner, worker, entry, job, timeout, state, on_phase, on_m
     state.timed_out = deadline.cancelled_caught
 
 
-async def _receive(worker: Worker, job: Job, state: _State, kernel: str, on_phase) -> None:
+async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase) -> None:
     stream = BufferedByteReceiveStream(worker.channel)
     try:
         while state.result is None:
@@ -142,8 +189,7 @@ async def _receive(worker: Worker, job: Job, state: _State, kernel: str, on_phas
                 state.phase = message.name
                 on_phase(kernel, message.name)
             elif isinstance(message, Imported):
-                if job.import_cache is not None and message.key == job.import_cache.key:
-                    state.imported = message
+                state.imported = message  # run_kernel checks it is the job's key
             else:
                 state.result = message
     except (
@@ -190,7 +236,7 @@ def _tree_rss(root: psutil.Process) -> int:
     return total
 
 
-async def _kill_and_reap(spawner: Spawner, worker: Worker, state: _State) -> None:
+async def _kill_and_reap(spawner: Spawner, worker: Worker, state: WorkerEnd) -> None:
     """Make sure the worker's group is dead and the worker reaped (TERM, grace, KILL)."""
     if state.exit_code is not None:
         return
@@ -210,7 +256,7 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-async def _drain(fd: int, log, state: _State) -> None:
+async def _drain(fd: int, log, state: WorkerEnd) -> None:
     """Copy the worker's stdout/stderr into its log (capped) and spot `LLVM ERROR:` lines."""
     pending = b""
     while True:
@@ -237,19 +283,12 @@ async def _drain(fd: int, log, state: _State) -> None:
     state.drained.set()
 
 
-def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Path) -> Record:
-    peak = max(state.peak_rss, state.exit_peak) or None
-    death = Death(
-        returncode=state.exit_code,
-        last_phase=state.phase,
-        timed_out=state.timed_out,
-        timeout_s=timeout,
-        memory_killed=state.memory_killed,
-        mem_limit=job.limits.mem_limit,
-        peak_rss_bytes=peak,
-        llvm_error=state.llvm_error,
-        protocol_error=state.protocol_error,
-    )
+def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Record:
+    if isinstance(state.result, Generated):  # not an answer to a Job
+        state.protocol_error = "answered a Job with Generated"
+        state.result = None
+    death = state.death(job.limits.mem_limit, timeout)
+    peak = death.peak_rss_bytes
     outcome, phase, sig, message = classify(state.result, death)
     if outcome == "memory" and state.result is not None and job.limits.mem_limit:
         message = f"{message} (limit {format_size(job.limits.mem_limit)})"
@@ -268,9 +307,9 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
         phase=phase,
         signal=sig,
         message=f"{message} [{note}]" if note else message,
-        wall_s=round(wall, 3),
+        wall_s=round(state.wall_s, 3),
         peak_rss_bytes=peak,
-        tolerance=result.tolerance if result else None,
+        passing_tolerance=result.passing_tolerance if result else None,
         max_abs_error=result.max_abs_error if result else None,
         max_rel_error=result.max_rel_error if result else None,
         times=dict(result.times) if result else {},
@@ -283,7 +322,7 @@ def _record(entry, job, state: _State, wall: float, timeout: float, log_path: Pa
     )
 
 
-def _cache_use(job: Job, state: _State) -> str | None:
+def _cache_use(job: Job, state: WorkerEnd) -> str | None:
     """'hit' when a cached module was given to the worker, 'miss' when it imported afresh."""
     if job.import_cache is None:
         return None

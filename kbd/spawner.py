@@ -60,7 +60,6 @@ class Spawner:
         self._dead: str | None = None
         self._ready_message: Ready | None = None
         self._send_lock = anyio.Lock()
-        self.versions: dict[str, str] = {}
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -92,8 +91,7 @@ class Spawner:
             group.start_soon(spawner._read_control)
             try:
                 with anyio.fail_after(STARTUP_TIMEOUT):
-                    ready = await spawner._wait_ready()
-                spawner.versions = ready.versions
+                    await spawner._wait_ready()
                 yield spawner
             finally:
                 with anyio.CancelScope(shield=True):

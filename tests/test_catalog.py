@@ -50,7 +50,6 @@ def test_full_entry(tmp_path):
           output_shape: 64x512
           gflops: (64 * 512) / 1e9
           pipeline: my-pipeline
-          warning: slow
         """,
     )
     assert e.kernel == KERNEL
@@ -60,7 +59,6 @@ def test_full_entry(tmp_path):
     assert e.outputs == [Shape((64, 512), "f32")]
     assert e.gflops == pytest.approx(64 * 512 / 1e9)
     assert e.pipeline == "my-pipeline"
-    assert e.warning == "slow"
     assert e.dtype == "f32"
     assert e.init_args is None
     assert e.xfail is None
@@ -72,7 +70,6 @@ def test_minimal_entry(tmp_path):
     assert e.outputs is None
     assert e.gflops is None
     assert e.pipeline is None
-    assert e.warning is None
     assert e.dtype == "f32"
 
 
@@ -335,10 +332,14 @@ def test_bad_gflops(tmp_path, value):
     assert "is not a number or arithmetic" in message
 
 
-@pytest.mark.parametrize("field", ["pipeline", "warning"])
-def test_optional_string_fields(tmp_path, field):
-    message = error(tmp_path, f"- kernel: level1/1_K.py\n  {field}: [a]\n")
-    assert f"level1/1_K.py: field '{field}' must be a string" in message
+def test_optional_string_field(tmp_path):
+    message = error(tmp_path, "- kernel: level1/1_K.py\n  pipeline: [a]\n")
+    assert "level1/1_K.py: field 'pipeline' must be a string" in message
+
+
+def test_warning_is_no_field_any_more(tmp_path):
+    message = error(tmp_path, "- kernel: level1/1_K.py\n  warning: slow\n")
+    assert "level1/1_K.py: unknown field 'warning'" in message
 
 
 @pytest.mark.parametrize("value", ["crash", "[crash]", "{phase: run}"])
@@ -496,10 +497,18 @@ def test_root_default_missing(tmp_path, monkeypatch):
     assert "git submodule update --init" in str(info.value)
 
 
-def test_root_without_levels(tmp_path):
-    (tmp_path / "empty" / "other").mkdir(parents=True)
-    with pytest.raises(InputError, match="git submodule update --init"):
-        kernelbench_root(str(tmp_path / "empty"))
+def test_any_folder_holding_the_kernels_is_a_root(tmp_path):
+    """A user's own problem folder needs no level* entry, only the selected kernels' files."""
+    root = tmp_path / "mine"
+    (root / "ops").mkdir(parents=True)
+    (root / "ops" / "1_add.py").write_text("")
+    assert kernelbench_root(str(root)) == root.resolve()
+    levels = tmp_path / "levels.yaml"
+    levels.write_text("- kernel: ops/1_add.py\n")
+    check_sources(load_file(levels), root)
+    levels.write_text("- kernel: ops/2_mul.py\n")
+    with pytest.raises(InputError, match=r"ops/2_mul\.py does not exist"):
+        check_sources(load_file(levels), root)
 
 
 def test_check_sources(tmp_path, entries):

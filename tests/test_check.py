@@ -17,7 +17,7 @@ def arr(*values: float) -> np.ndarray:
 def test_exact_match_passes():
     c = compare([arr(1, 2, 3)], [arr(1, 2, 3)], 1e-4, 0.1)
     assert c.passed
-    assert c.tolerance == 1e-4
+    assert c.passing_tolerance == 1e-4
     assert c.max_abs_error == 0.0
     assert c.max_rel_error == 0.0
     assert c.message == ""
@@ -28,7 +28,7 @@ def test_passes_within_tolerance():
     out = np.array([1.005, 101.0])  # |diff| <= tol + tol * |ref| at tol 0.01
     c = compare([ref], [out], 0.01, 0.1)
     assert c.passed
-    assert c.tolerance == 0.01
+    assert c.passing_tolerance == 0.01
     assert c.max_abs_error == pytest.approx(1.0)
     assert c.max_rel_error == pytest.approx(0.01)
 
@@ -36,7 +36,7 @@ def test_passes_within_tolerance():
 def test_mismatch_reports_smallest_passing_tolerance():
     c = compare([np.array([1.0, 2.0])], [np.array([1.05, 2.0])], 0.01, 1.0)
     assert not c.passed
-    assert c.tolerance == 0.1
+    assert c.passing_tolerance == 0.1
     assert c.max_abs_error == pytest.approx(0.05)
     assert c.max_rel_error == pytest.approx(0.05)
     assert c.message == (
@@ -47,14 +47,14 @@ def test_mismatch_reports_smallest_passing_tolerance():
 def test_mismatch_passing_exactly_at_max_tolerance():
     c = compare([np.array([1.0])], [np.array([1.05])], 1e-4, 0.1)
     assert not c.passed
-    assert c.tolerance == 0.1
+    assert c.passing_tolerance == 0.1
     assert c.message.endswith("fails at tolerance 0.0001, passes at 0.1")
 
 
 def test_mismatch_fails_even_at_max_tolerance():
     c = compare([np.array([1.0, 2.0])], [np.array([1.0, 7.0])], 1e-4, 0.1)
     assert not c.passed
-    assert c.tolerance is None
+    assert c.passing_tolerance is None
     assert c.max_abs_error == pytest.approx(5.0)
     assert c.max_rel_error == pytest.approx(2.5)
     assert c.message.endswith("fails at tolerance 0.0001, fails even at 0.1")
@@ -65,14 +65,14 @@ def test_worst_output_decides():
     out = [np.zeros(3), np.array([1.0, 1.5])]
     c = compare(ref, out, 1e-3, 1.0)
     assert not c.passed
-    assert c.tolerance == 1.0
+    assert c.passing_tolerance == 1.0
     assert c.max_abs_error == pytest.approx(0.5)
 
 
 def test_shape_mismatch():
     c = compare([np.zeros((2, 3))], [np.zeros((3, 2))], 1e-4, 0.1)
     assert not c.passed
-    assert c.tolerance is None
+    assert c.passing_tolerance is None
     assert math.isinf(c.max_abs_error)
     assert c.message == "output 0 has shape (3, 2), eager has (2, 3)"
 
@@ -86,7 +86,7 @@ def test_broadcastable_shape_is_still_a_mismatch():
 def test_output_count_mismatch():
     c = compare([np.zeros(2)], [np.zeros(2), np.zeros(2)], 1e-4, 0.1)
     assert not c.passed
-    assert c.tolerance is None
+    assert c.passing_tolerance is None
     assert math.isinf(c.max_rel_error)
     assert c.message == "2 outputs, eager has 1"
 
@@ -95,7 +95,7 @@ def test_nan_equals_nan():
     ref = np.array([np.nan, 1.0])
     c = compare([ref], [np.array([np.nan, 1.0], dtype=np.float32)], 1e-4, 0.1)
     assert c.passed
-    assert c.tolerance == 1e-4
+    assert c.passing_tolerance == 1e-4
     assert c.max_abs_error == 0.0
 
 
@@ -108,7 +108,7 @@ def test_nan_equals_nan_has_no_relative_error():
 def test_nan_against_number_fails():
     c = compare([np.array([1.0])], [np.array([np.nan])], 1e-4, 0.1)
     assert not c.passed
-    assert c.tolerance is None
+    assert c.passing_tolerance is None
     assert math.isinf(c.max_abs_error)
 
 
@@ -116,7 +116,7 @@ def test_zero_dimensional():
     assert compare([np.array(2.0)], [np.array(2.0, dtype=np.float32)], 1e-4, 0.1).passed
     c = compare([np.array(2.0)], [np.array(2.1)], 1e-4, 0.1)
     assert not c.passed
-    assert c.tolerance == 0.1
+    assert c.passing_tolerance == 0.1
     assert c.max_abs_error == pytest.approx(0.1)
 
 

@@ -73,7 +73,7 @@ def test_messages_explain_failures(zoo):
     assert "fixture kernel refuses to run" in records["level9/2_raise"]["message"]
     assert "status 0" in records["level9/5_early_exit"]["message"]
     assert "passes at" in records["level9/1_mismatch"]["message"]
-    assert records["level9/1_mismatch"]["tolerance"] == 1.0
+    assert records["level9/1_mismatch"]["passing_tolerance"] == 1.0
     assert "2.0 GiB" in records["level9/8_memory_hog"]["message"]
     assert "10 s" in records["level9/6_hang"]["message"]
 

@@ -86,7 +86,6 @@ def make_entry(inputs, outputs) -> Entry:
         gflops=None,
         pipeline=None,
         dtype="f32",
-        warning=None,
         xfail=None,
     )
 

@@ -8,7 +8,7 @@ from kbd.catalog import Expectation
 from kbd.outcome import Death, Record, classify, expect
 from kbd.protocol import Result
 
-PASS = Result(outcome="pass", phase="check", tolerance=1e-4)
+PASS = Result(outcome="pass", phase="check", passing_tolerance=1e-4)
 MISMATCH = Result(outcome="mismatch", phase="check", message="max abs error 0.05")
 
 

@@ -15,7 +15,7 @@ def record(kernel: str, outcome: str, **fields) -> Record:
 
 
 RECORDS = [
-    record("level1/1_A.py", "pass", wall_s=1.0, tolerance=1e-4),
+    record("level1/1_A.py", "pass", wall_s=1.0, passing_tolerance=1e-4),
     record("level1/2_B.py", "mismatch", message="max abs error 0.5", wall_s=2.0),
     record("level2/3_C.py", "crash", phase="jit", signal="SIGSEGV", message="worker killed"),
     record("level1/4_D.py", "xfail", phase="run", message="expected"),
@@ -35,7 +35,7 @@ def test_line_pass():
         "pass",
         wall_s=1.234,
         peak_rss_bytes=3 << 20,
-        tolerance=1e-4,
+        passing_tolerance=1e-4,
         message="ignored",
     )
     assert line(r) == "PASS     level1/1_A.py  [check]  1.23s  3.0 MiB  tol 0.0001"
@@ -51,12 +51,12 @@ def test_line_crash_has_signal_and_message():
 
 
 def test_line_mismatch_tolerance_then_message():
-    r = record("level1/2_B.py", "mismatch", tolerance=0.1, message="max abs error 0.05")
+    r = record("level1/2_B.py", "mismatch", passing_tolerance=0.1, message="max abs error 0.05")
     assert line(r).endswith("  tol 0.1  max abs error 0.05")
 
 
 def test_line_tolerance_not_shown_for_errors():
-    r = record("level1/2_B.py", "error", tolerance=0.1, message="boom")
+    r = record("level1/2_B.py", "error", passing_tolerance=0.1, message="boom")
     assert "tol" not in line(r)
     assert line(r).endswith("  boom")
 

@@ -53,11 +53,11 @@ def test_set_status(store):
 def test_records_latest_attempt_wins(store):
     first = store.create_sweep("run", "{}", ["a", "b"], "h")
     store.add_attempt(first, "h", rec("a.py", "crash", signal="SIGSEGV", message="boom"))
-    store.add_attempt(first, "h", rec("b.py", "pass", wall_s=1.5, tolerance=1e-4))
+    store.add_attempt(first, "h", rec("b.py", "pass", wall_s=1.5, passing_tolerance=1e-4))
     store.add_attempt(first, "h", rec("a.py", "pass", times={"jit": 0.25}, limits={"cores": "1"}))
     assert store.records(first) == [
         rec("a.py", "pass", times={"jit": 0.25}, limits={"cores": "1"}),
-        rec("b.py", "pass", wall_s=1.5, tolerance=1e-4),
+        rec("b.py", "pass", wall_s=1.5, passing_tolerance=1e-4),
     ]
 
 

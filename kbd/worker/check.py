@@ -10,7 +10,9 @@ import numpy as np
 @dataclass(frozen=True)
 class Comparison:
     passed: bool
-    tolerance: float | None  # smallest power-of-ten tolerance <= max_tolerance that passes
+    # The smallest tolerance of the form requested * 10**k (k >= 0, up to max_tolerance) that
+    # passes; None when none does.
+    passing_tolerance: float | None
     max_abs_error: float
     max_rel_error: float
     message: str

@@ -17,19 +17,19 @@ import threading
 import torch
 
 from kbd import containment, protocol
-from kbd.protocol import Job, Phase, Result
+from kbd.protocol import Generate, Phase, Result, Task
+from kbd.worker import generate, sandbox
 from kbd.worker import job as job_runner
-from kbd.worker import sandbox
 from kbd.worker.contain import contain
 
 LOG_FILE_LIMIT = 1 << 30  # any single file the kernel writes
 
 
 def main(sock: socket.socket, parent: int) -> int:
-    """Run one job received on `sock`; returns the exit status."""
+    """Run one task received on `sock`; returns the exit status."""
     sandbox.die_with_parent(parent)
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    job: Job = protocol.receive_blocking(sock, Job)
+    job: Task = protocol.receive_blocking(sock, Task)
     enforced = _apply_limits(job)
     threading.Thread(target=_exit_on_eof, args=(sock,), daemon=True).start()
 
@@ -38,7 +38,9 @@ def main(sock: socket.socket, parent: int) -> int:
         protocol.send_blocking(sock, Phase(phase))
 
     missing = containment.missing(enforced)
-    if job.limits.require_sandbox and missing:
+    if isinstance(job, Generate):
+        result = generate.answer(job, announce, enforced)
+    elif job.limits.require_sandbox and missing:
         announce(containment.SANDBOX_PHASE)
         result = Result(
             outcome="error",
@@ -57,7 +59,7 @@ def main(sock: socket.socket, parent: int) -> int:
     return 0
 
 
-def _apply_limits(job: Job) -> dict[str, str]:
+def _apply_limits(job: Task) -> dict[str, str]:
     sandbox.disable_core_dumps()
     sandbox.limit_file_size(LOG_FILE_LIMIT)
     cores = sandbox.pin(job.limits.cores)

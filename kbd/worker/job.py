@@ -113,7 +113,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         outcome="pass" if result.passed else "mismatch",
         phase=phase,
         message=result.message,
-        tolerance=result.tolerance,
+        passing_tolerance=result.passing_tolerance,
         max_abs_error=result.max_abs_error,
         max_rel_error=result.max_rel_error,
         times=step.times,

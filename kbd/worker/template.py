@@ -19,7 +19,6 @@ import selectors
 import signal
 import socket
 import sys
-from importlib import metadata
 
 import psutil
 
@@ -36,12 +35,12 @@ def main() -> None:
     sandbox.become_subreaper()
     sandbox.disable_core_dumps()
     control = socket.socket(fileno=control_fd)
-    versions = _warm_up()
-    control.send(protocol.encode(Ready(pid=os.getpid(), versions=versions)))
+    _warm_up()
+    control.send(protocol.encode(Ready()))
     _Template(control).serve()
 
 
-def _warm_up() -> dict[str, str]:
+def _warm_up() -> None:
     """Import everything a worker needs and pay the first-import costs once, here."""
     import torch
 
@@ -54,11 +53,6 @@ def _warm_up() -> dict[str, str]:
     module = mlir.import_model(_Warm().eval(), [torch.zeros(2, 2)])
     # the import cache's path: print, parse and rewrite once (first calls load dialect modules)
     mlir.results_to_out_params(mlir.parse_module(mlir.module_text(module)))
-    return {
-        "python": sys.version.split()[0],
-        "torch": str(torch.__version__),
-        "torch-mlir": metadata.version("torch-mlir"),
-    }
 
 
 class _Template:

@@ -1,0 +1,95 @@
+"""`kbd levels update-xfail`: expected failures in the levels files, from a stored sweep.
+
+For every kernel of the sweep (default: the latest), by the outcome table (`kbd/outcomes.py`):
+- an expectable failure (mismatch, error, crash, timeout, memory) gets
+  `xfail: {outcome, phase, message}`, message being the first line of the kernel's message; it is
+  left out where the table says the message is no stable fingerprint (memory, timeout);
+- a correct result (`pass`, `xpass`) loses the key: the kernel works now;
+- any other outcome (`xfail`, `skipped`) and kernels not in the sweep are left alone.
+
+Files are edited line by line in the generator's layout (`kbd.levels.schema`), so comments stay
+and a regeneration keeps the key. Each file is validated by the catalog before it is written.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+from kbd import catalog
+from kbd.errors import InputError
+from kbd.levels import schema
+from kbd.outcome import Record
+from kbd.outcomes import CODES
+from kbd.store import Store
+
+MESSAGE_CHARS = 160
+
+
+def expectation(record: Record) -> dict | None:
+    """The xfail value a record calls for; None to drop the key."""
+    code = CODES[record.outcome]
+    if not code.expectable:
+        return None
+    message = record.message.split(" [expected ", 1)[0].strip()  # without the verdict note
+    first = message.splitlines()[0][:MESSAGE_CHARS] if message else ""
+    value = {"outcome": record.outcome, "phase": record.phase}
+    if first and code.fingerprint_message:
+        value["message"] = first
+    return value
+
+
+def decisions(records: list[Record]) -> dict[str, dict | None]:
+    """Kernel path -> new xfail value (None: drop it), for the records the table lets us judge."""
+    return {
+        f"{r.kernel}.py": expectation(r)
+        for r in records
+        if CODES[r.outcome].expectable or CODES[r.outcome].correct
+    }
+
+
+def rewrite(text: str, decided: dict[str, dict | None]) -> str:
+    """Apply decisions to a levels file's text; `xfail` is the last key of an entry."""
+    out: list[str] = []
+    current = None
+
+    def close(kernel: str | None) -> None:
+        if decided.get(kernel) is None:
+            return
+        end = len(out)  # after the entry's last line, before comments that follow it
+        while end > 0 and not out[end - 1].startswith(("  ", "- kernel: ")):
+            end -= 1
+        out.insert(end, f"  xfail: {schema.flow(decided[kernel])}")
+
+    for line in text.splitlines():
+        if line.startswith("- kernel: "):
+            close(current)
+            current = line.removeprefix("- kernel: ").strip()
+        elif current in decided and line.startswith("  xfail:"):
+            continue
+        out.append(line)
+    close(current)
+    return "\n".join(out) + "\n"
+
+
+def run(args: Namespace) -> int:
+    path = Path(args.db)
+    if not path.exists():
+        raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
+    store = Store(path)
+    sweep = store.sweep(args.sweep)
+    decided = decisions(store.records(sweep.id))
+    files = [Path(f) for f in args.levels] or catalog.default_levels_files()
+    for file in files:
+        text = catalog.read_levels_text(file)
+        new = rewrite(text, decided)
+        if new != text:
+            catalog.load_text(new, file)
+            file.write_text(new)
+            print(f"updated {file}")
+    expected = sum(1 for v in decided.values() if v is not None)
+    print(
+        f"sweep {sweep.id}: {expected} expected failures recorded, "
+        f"{len(decided) - expected} kernels without one"
+    )
+    return 0

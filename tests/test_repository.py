@@ -1,0 +1,29 @@
+"""Repository hygiene that no linter checks by itself."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def test_every_python_file_is_seen_by_ruff():
+    """ruff skips files without a .py suffix: Python must live in .py files (scripts/ holds
+    thin shell wrappers), so `ruff check kbd tests scripts` covers all of it."""
+    files = subprocess.run(
+        ["git", "ls-files", "kbd", "tests", "scripts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    hidden = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix == ".py" or not path.is_file():
+            continue
+        with open(path, "rb") as f:
+            first = f.readline()
+        if first.startswith(b"#!") and b"python" in first:
+            hidden.append(name)
+    assert hidden == []
