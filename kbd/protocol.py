@@ -136,7 +136,8 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     """Measure one problem for a levels file (`kbd levels generate`): shapes within `budget`."""
 
     kernel: str  # e.g. "level1/2_Standard_matrix_multiplication_.py"
-    source: str  # absolute path of the problem file
+    source: str  # absolute path of the problem file (names it in tracebacks)
+    source_text: str  # the problem file's text: the worker measures this, not the file
     budget: Budget
     limits: Limits
     # Hand-given in overrides.yaml: measure at these instead of searching (None: not given).

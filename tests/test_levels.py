@@ -162,7 +162,8 @@ def measure(kb: Path, kernel: str, **given) -> Generated:
     """The worker side, in this process: what a worker answers to a Generate task."""
     from kbd.worker import generate as worker
 
-    task = Generate(kernel, str(kb / kernel), SMOKE.budget, Limits(), **given)
+    path = kb / kernel
+    task = Generate(kernel, str(path), path.read_text(), SMOKE.budget, Limits(), **given)
     return worker.run(task, lambda phase: None)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import msgspec
 import yaml
 
 from kbd import catalog, limits, scheduler
@@ -117,6 +118,7 @@ def _task(root: Path, kernel: str, tier: Tier, override: dict, lim: Limits) -> G
     return Generate(
         kernel=kernel,
         source=str(root / kernel),
+        source_text=(root / kernel).read_text(),
         budget=tier.budget,
         limits=lim,
         input_shapes=override.get("input_shapes"),
@@ -150,14 +152,7 @@ async def _measure_all(tasks: list[Generate], jobs: int, timeout: float, log_dir
 
 
 async def _measure(spawner, task: Generate, cores, timeout: float, log_dir: Path) -> Measured:
-    pinned = Generate(
-        task.kernel,
-        task.source,
-        task.budget,
-        Limits(cores=cores, mem_limit=task.limits.mem_limit),
-        task.input_shapes,
-        task.init_args,
-    )
+    pinned = msgspec.structs.replace(task, limits=msgspec.structs.replace(task.limits, cores=cores))
     name = task.kernel.removesuffix(".py")
     end = await run_in_worker(
         spawner,

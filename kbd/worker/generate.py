@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -124,7 +125,7 @@ def run(task: Generate, announce: Callable[[str], None]) -> Generated:
     """Measure the problem of `task`; raises GenError (or the problem's own error) on failure."""
     announce("load")
     path = Path(task.source)
-    tree = ast.parse(path.read_text(), str(path))
+    tree = ast.parse(task.source_text, str(path))
     module = load_module(path, tree)
     announce("measure")
     if task.input_shapes is not None or task.init_args is not None:
@@ -169,7 +170,7 @@ def _search(task: Generate, path: Path, tree: ast.Module, module, announce) -> G
 def _from_override(task: Generate, path: Path, tree: ast.Module, module, announce) -> Generated:
     """Measure at the shapes and/or constructor args given in overrides.yaml."""
     if task.input_shapes is None:  # only init_args given: KernelBench's shapes as searched
-        searched = Generate(task.kernel, task.source, task.budget, task.limits)
+        searched = msgspec.structs.replace(task, input_shapes=None, init_args=None)
         base = _search(searched, path, tree, module, announce)
         shapes, inits = base.input_shapes, base.initializations
     else:
