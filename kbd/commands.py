@@ -223,8 +223,6 @@ def _plan(options: SweepSpec, store: Store | None):
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
             memory = max(memory, previous.peak_rss_bytes)
-        if mem_limit is not None:
-            memory = min(memory, mem_limit + limits.WORKER_BASE_BYTES)
         expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
     return scheduler.order(plans), slots, budget

@@ -32,6 +32,9 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 # A forked worker starts with the template's ~0.5 GB of private data (torch, torch-mlir) and its
 # own allocations during import and JIT; kernel buffers come on top.
 WORKER_BASE_BYTES = 700 << 20
+# The smallest --mem-limit a worker can live with: a forked worker already holds the template's
+# ~0.3 GiB of private data (torch and torch-mlir imported), and importing a kernel needs more.
+MIN_MEM_LIMIT = 512 << 20
 BUDGET_FRACTION = 0.75
 RESERVE_BYTES = 2 << 30
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -74,8 +77,8 @@ def estimate(entry: Entry) -> int:
     """Predicted peak memory of a worker running `entry`.
 
     Inputs are held once by numpy (shared with torch) and again while the eager reference
-    runs; each output exists as the compiled buffer, the eager result and two float64 copies
-    during the check. Kernels without shapes (get_inputs) get only the base.
+    runs; each output exists as the compiled buffer and the eager result (the check compares
+    them in small chunks). Kernels without shapes (get_inputs) get only the base.
     """
     sizes = [i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor)]
     if entry.outputs is not None:
@@ -83,7 +86,7 @@ def estimate(entry: Entry) -> int:
     else:  # unknown outputs: assume one as large as the largest input
         outputs = max(sizes, default=0)
     inputs = sum(sizes)
-    return WORKER_BASE_BYTES + 2 * inputs + 6 * outputs
+    return WORKER_BASE_BYTES + 2 * inputs + 2 * outputs
 
 
 def thread_env(cores: int) -> dict[str, str]:

@@ -16,7 +16,7 @@ import anyio
 import msgspec
 
 from kbd.catalog import Entry
-from kbd.limits import format_size
+from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import Record
 from kbd.protocol import Job
 from kbd.runner import run_kernel
@@ -108,8 +108,9 @@ async def execute(
     async with anyio.create_task_group() as group:
         group.start_soon(watch_interrupts, stopping, group.cancel_scope, hooks)
         for plan in plans:
-            if plan.memory > budget:
-                hooks.finished(skipped(plan, budget))
+            reason = too_big(plan, budget)
+            if reason is not None:  # never started: a worker could not hold it
+                hooks.finished(skipped(plan, reason))
                 continue
             while not free_slots and not stopping.is_set():
                 with anyio.move_on_after(0.5):
@@ -181,11 +182,19 @@ def _with_cores(job: Job, cores: tuple[int, ...]) -> Job:
     return msgspec.structs.replace(job, limits=msgspec.structs.replace(job.limits, cores=cores))
 
 
-def skipped(plan: Planned, budget: int) -> Record:
-    """The record of a kernel predicted to need more than the whole memory budget."""
-    message = (
-        f"needs about {format_size(plan.memory)}, more than the memory budget {format_size(budget)}"
-    )
+def too_big(plan: Planned, budget: int) -> str | None:
+    """Why a kernel's predicted memory rules it out (its --mem-limit or the budget), or None."""
+    limit = plan.job.limits.mem_limit
+    if limit is not None and plan.memory > limit + WORKER_BASE_BYTES:
+        return f"more than --mem-limit {format_size(limit)} allows"
+    if plan.memory > budget:
+        return f"more than the memory budget {format_size(budget)}"
+    return None
+
+
+def skipped(plan: Planned, reason: str) -> Record:
+    """The record of a kernel never started, because `reason` (from `too_big`)."""
+    message = f"needs about {format_size(plan.memory)}, {reason}"
     return Record(
         kernel=plan.entry.name,
         outcome="skipped",

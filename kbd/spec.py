@@ -79,6 +79,12 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise InputError("--tolerance must be positive and at most --max-tolerance")
         if self.require_sandbox and not self.sandbox:
             raise InputError("--require-sandbox and --no-sandbox contradict each other")
+        if self.mem_limit is not None and self.mem_limit < limits.MIN_MEM_LIMIT:
+            raise InputError(
+                f"--mem-limit {limits.format_size(self.mem_limit)} is below the "
+                f"{limits.format_size(limits.MIN_MEM_LIMIT)} a worker needs before it runs "
+                "anything (torch and torch-mlir are loaded); use 'none' for no cap"
+            )
         if self.shard is not None and not 1 <= self.shard.index <= self.shard.count:
             raise InputError(f"--shard {self.shard}: I must be between 1 and N")
         if self.bench is not None:

@@ -142,3 +142,20 @@ def test_matching_infinities_have_no_error():
     c = compare([np.array([1.0, -np.inf])], [np.array([1.0, -np.inf])], 1e-4, 0.1)
     assert c.passed
     assert c.max_abs_error == 0.0
+
+
+def test_large_outputs_are_compared_without_float64_copies():
+    """The check works in chunks: its peak memory is far below one float64 copy of an output."""
+    import tracemalloc
+
+    ref = np.ones(8 << 20, dtype=np.float32)  # 32 MiB; a float64 copy would be 64 MiB
+    out = ref.copy()
+    out[-1] = 2.0  # in the last chunk
+    tracemalloc.start()
+    try:
+        c = compare([ref], [out], 0.01, 1.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not c.passed and c.max_abs_error == 1.0 and c.passing_tolerance == 1.0
+    assert peak < 16 << 20

@@ -100,7 +100,7 @@ def test_estimate_without_shapes_is_the_base():
 
 def test_estimate_counts_inputs_and_outputs():
     entry = make_entry([tensor(1024, 1024), Scalar(2.0)], [Shape((256,), "f64")])
-    assert estimate(entry) == WORKER_BASE_BYTES + 2 * (4 << 20) + 6 * 256 * 8
+    assert estimate(entry) == WORKER_BASE_BYTES + 2 * (4 << 20) + 2 * 256 * 8
 
 
 def test_estimate_grows_with_input_size():

@@ -100,8 +100,9 @@ class Agent:
         task = wire.decode(dispatch, Dispatch)
         yield wire.encode(Phase("start"))
         plan = Planned(entry=task.entry, job=task.job, memory=task.memory, expected_s=0.0)
-        if task.memory > self.budget:
-            yield wire.encode(Finished(self._mark(scheduler.skipped(plan, self.budget))))
+        reason = scheduler.too_big(plan, self.budget)
+        if reason is not None:
+            yield wire.encode(Finished(self._mark(scheduler.skipped(plan, reason))))
             return
         events: asyncio.Queue = asyncio.Queue()
         running = asyncio.create_task(self._run(plan, task.timeout, events.put_nowait))

@@ -54,7 +54,12 @@ def load_problem(path: str, text: str) -> ModuleType:
 
 
 def make_buffer(shape: Shape, rng: np.random.Generator) -> np.ndarray:
-    """A numpy buffer filled as the shape string's INIT says."""
+    """A numpy buffer filled as the shape string's INIT says.
+
+    Values are drawn in the buffer's own precision (float64 only for f64; f16 and bf16 via
+    float32) and transformed in place, so a large input costs about its own size, not the
+    several float64 copies a draw-then-cast would make.
+    """
     dtype = NUMPY_DTYPES[shape.dtype]
     dims = shape.dims
     init = shape.init
@@ -65,11 +70,15 @@ def make_buffer(shape: Shape, rng: np.random.Generator) -> np.ndarray:
     if init == "id":
         return np.eye(dims[0], dtype=dtype)
     if shape.dtype == "i1":
-        return rng.random(dims) < 0.5
+        return rng.integers(0, 2, size=dims, dtype=np.uint8).view(np.bool_)
     if np.issubdtype(dtype, np.integer):
         high = int_range(init) or DEFAULT_INT_RANGE
         return rng.integers(0, high, size=dims, dtype=dtype)
-    values = rng.standard_normal(dims) if init in ("randn", "prob") else rng.random(dims)
+    draw = np.float64 if shape.dtype == "f64" else np.float32
+    if init in ("randn", "prob"):
+        values = rng.standard_normal(dims, dtype=draw)
+    else:
+        values = rng.random(dims, dtype=draw)
     if init == "triu":
         values = np.triu(values)
     elif init == "tril":
@@ -77,11 +86,12 @@ def make_buffer(shape: Shape, rng: np.random.Generator) -> np.ndarray:
     elif init == "sym":
         values = (values + values.T) / 2
     elif init == "sign":
-        values = np.where(values < 0.5, -1.0, 1.0)
+        values = np.where(values < 0.5, draw(-1), draw(1))
     elif init == "prob":
-        values = np.exp(values - values.max(axis=-1, keepdims=True))
+        values -= values.max(axis=-1, keepdims=True)
+        np.exp(values, out=values)
         values /= values.sum(axis=-1, keepdims=True)
-    return values.astype(dtype)
+    return values if values.dtype == dtype else values.astype(dtype)
 
 
 def make_inputs(specs: list[Input], seed: int) -> tuple[list, list[np.ndarray]]:
