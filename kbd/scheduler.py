@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,8 +84,12 @@ async def execute(
     timeout: float,
     log_dir: Path,
     hooks: Hooks,
+    run: Callable[..., Awaitable[Record]] = run_kernel,
 ) -> bool:
-    """Run every plan; returns False when the user interrupted before all had started."""
+    """Run every plan; returns False when the user interrupted before all had started.
+
+    `run` runs one kernel in a worker (`runner.run_kernel`; tests pass a fake).
+    """
     memory = Memory(budget)
     free_slots = list(slots)
     slot_freed = anyio.Event()
@@ -96,7 +100,7 @@ async def execute(
         try:
             hooks.started(plan.entry.name)
             record = await run_plan(
-                spawner, plan, cores, timeout=timeout, log_dir=log_dir, hooks=hooks
+                spawner, plan, cores, timeout=timeout, log_dir=log_dir, hooks=hooks, run=run
             )
             hooks.finished(record)
         finally:
@@ -135,6 +139,7 @@ async def run_plan(
     timeout: float,
     log_dir: Path,
     hooks: Hooks,
+    run: Callable[..., Awaitable[Record]] = run_kernel,
 ) -> Record:
     """Run one planned kernel pinned to `cores`; a kbd bug becomes the kernel's error record.
 
@@ -142,7 +147,7 @@ async def run_plan(
     """
     job = _with_cores(plan.job, cores)
     try:
-        return await run_kernel(
+        return await run(
             spawner,
             plan.entry,
             job,

@@ -117,7 +117,7 @@ def test_estimate_grows_with_output_size():
     large = estimate(make_entry(inputs, [Shape((1024, 1024), "f32")]))
     two = estimate(make_entry(inputs, [Shape((1024, 1024), "f32")] * 2))
     assert small < large < two
-    assert two - large == 6 * (4 << 20)
+    assert two - large == 2 * (4 << 20)
 
 
 def test_estimate_ignores_scalars():
@@ -128,7 +128,7 @@ def test_estimate_ignores_scalars():
 def test_estimate_without_outputs_assumes_largest_input():
     entry = make_entry([tensor(100), tensor(10, 10, 10, dtype="f64"), Scalar(1.0)], None)
     inputs = 100 * 4 + 1000 * 8
-    assert estimate(entry) == WORKER_BASE_BYTES + 2 * inputs + 6 * 1000 * 8
+    assert estimate(entry) == WORKER_BASE_BYTES + 2 * inputs + 2 * 1000 * 8
 
 
 def test_estimate_scalar_only_without_outputs():
