@@ -124,7 +124,6 @@ async def _probe(
         gflops=None,
         pipeline=None,
         dtype="f32",
-        warning=None,
         xfail=None,
     )
     job = Job(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -63,11 +62,11 @@ def test_outcome(zoo, kernel):
 
 
 def test_json_records_are_complete(zoo):
-    _, records, _ = zoo
+    _, records, cwd = zoo
     for record in records.values():
         decoded = msgspec.convert(record, Record)  # every field with its type
         assert decoded.wall_s > 0 and decoded.peak_rss_bytes > 0
-        assert Path(decoded.log).is_file()
+        assert (cwd / decoded.log).is_file()
         assert decoded.outcome == "pass" or decoded.message
 
 
