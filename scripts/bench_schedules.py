@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kbd import descriptor
-from kbd.worker import ingress, mlir
+from kbd.worker import ingress, mlir, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ROOT / "schedules"
@@ -78,6 +78,13 @@ def compile_case(case: Case, args: list[torch.Tensor], specs: list[str]):
     return mlir.Compiled(module, 3), out_types
 
 
+def on_cores(fn: Callable[[], object], cores: list[int]) -> None:
+    """Run fn pinned to these cores with as many OpenMP threads."""
+    os.sched_setaffinity(0, cores)
+    runtime.shared_libraries()  # sets the thread count from the affinity
+    fn()
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -91,6 +98,12 @@ def main() -> None:
     parser.add_argument("--cores", default="", help="cores to pin to, e.g. 0,1 (default: one)")
     parser.add_argument("--feature", action="append", default=None, help="finder feature")
     parser.add_argument("--scalar", action="store_true", help="also time the scalar pipeline")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also time the family schedule on all --cores "
+        "against one of them (OpenMP threads = cores)",
+    )
     options = parser.parse_args()
     unknown = sorted(set(options.cases) - set(CASES))
     if unknown:
@@ -102,6 +115,8 @@ def main() -> None:
         else [sorted(os.sched_getaffinity(0))[-1]]
     )
     os.sched_setaffinity(0, cores)
+    options.core_list = cores
+    options.core_list = cores
     torch.set_num_threads(len(cores))
     arch, features = descriptor.host_target()
     features = options.feature if options.feature is not None else features
@@ -134,6 +149,11 @@ def measure(name: str, case: Case, arch: str, features: list[str], options) -> N
         error = float(np.abs(outputs[0] - expected).max())
         assert np.allclose(outputs[0], expected, rtol=1e-3, atol=1e-3), (side, error)
         calls[side] = lambda c=compiled, o=outputs: c([*o, *inputs])
+    if options.scaling:
+        family = calls["family"]
+        calls["1 core"] = lambda: on_cores(family, options.core_list[:1])
+        calls["all"] = lambda: on_cores(family, options.core_list)
+        del calls["family"]
     samples: dict[str, list[float]] = {side: [] for side in calls}
     for call in calls.values():
         call()  # warm-up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -130,3 +131,12 @@ def test_copies_raw_bytes_of_any_element_size(elem_size):
     dst = np.zeros_like(src)
     copy(contiguous(src), contiguous(dst), elem_size)
     assert dst.tobytes() == src.tobytes()
+
+
+def test_openmp_runtime_gets_one_thread_per_pinned_core():
+    libraries = runtime.shared_libraries()
+    if not runtime.OPENMP_LIBRARY.is_file():
+        pytest.skip("intel-openmp is not installed")
+    assert libraries == [str(runtime.OPENMP_LIBRARY)]
+    openmp = ctypes.CDLL(str(runtime.OPENMP_LIBRARY))
+    assert openmp.omp_get_max_threads() == len(os.sched_getaffinity(0))

@@ -254,7 +254,9 @@ class Compiled:
     """A JIT-compiled module whose entry takes (outputs..., inputs...) as memrefs."""
 
     def __init__(self, module: ir.Module, opt_level: int):
-        self._engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=[])
+        self._engine = ExecutionEngine(
+            module, opt_level=opt_level, shared_libs=runtime.shared_libraries()
+        )
         runtime.register(self._engine)
         self._entry = self._engine.lookup(ENTRY)  # forces compilation now, not at first call
 

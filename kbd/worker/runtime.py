@@ -1,5 +1,10 @@
 """Runtime symbols that JIT-compiled code calls and the torch-mlir wheel does not ship.
 
+Parallel loops lowered to OpenMP call the `__kmpc_*` entry points of an LLVM/Intel OpenMP
+runtime, which torch's libgomp lacks: kbd loads `libiomp5.so` from the `intel-openmp` wheel
+(installed next to the interpreter, in `<prefix>/lib`) into every execution engine, with as many
+threads as the worker has pinned cores.
+
 Upstream these live in libmlir_c_runner_utils, which the wheel lacks. Lowered code calls them by
 their plain C name (`memrefCopy`), so they are registered with `raw_register_runtime`; the
 convenience `register_runtime` would prepend `_mlir_ciface_` and never match.
@@ -8,6 +13,9 @@ convenience `register_runtime` would prepend `_mlir_ciface_` and never match.
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -53,3 +61,16 @@ def register(engine) -> None:
     """Make kbd's runtime symbols visible to code JIT-compiled by `engine`."""
     for name, callback in _SYMBOLS.items():
         engine.raw_register_runtime(name, ctypes.cast(callback, ctypes.c_void_p))
+
+
+OPENMP_LIBRARY = Path(sys.prefix) / "lib" / "libiomp5.so"
+
+
+def shared_libraries() -> list[str]:
+    """Libraries to load into an execution engine: the OpenMP runtime, when installed, with its
+    thread count set to the cores this process may run on."""
+    if not OPENMP_LIBRARY.is_file():
+        return []
+    openmp = ctypes.CDLL(str(OPENMP_LIBRARY), mode=ctypes.RTLD_GLOBAL)
+    openmp.omp_set_num_threads(len(os.sched_getaffinity(0)))
+    return [str(OPENMP_LIBRARY)]
