@@ -64,6 +64,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="pipeline stage(s) for every kernel, replacing the levels entries' pipelines: a "
         "descriptor YAML, a .mlir transform script or a pass name (repeatable, applied in order)",
     )
+    comp.add_argument(
+        "--target",
+        metavar="ARCH",
+        help="architecture whose family schedules the finder picks, schedules/ARCH/... "
+        "(default: this machine's, e.g. x86_64)",
+    )
+    comp.add_argument(
+        "--feature",
+        action="append",
+        metavar="NAME",
+        help="CPU feature whose schedules the finder tries, schedules/ARCH/NAME/FAMILY/DTYPE.yaml, "
+        "in the order given (repeatable; default: this machine's /proc/cpuinfo flags, e.g. "
+        "avx512f, avx2). Code for features the CPU lacks dies with SIGILL",
+    )
     comp.add_argument("--seed", type=int, default=0, help="seed for torch and numpy (default 0)")
     comp.add_argument(
         "--tolerance",

@@ -204,7 +204,7 @@ def _plan(options: SweepSpec, store: Store | None):
             init_args=entry.init_args,
             outputs=entry.outputs,
             dtype=entry.dtype,
-            stages=override or _stages(entry, options.smoke_test),
+            stages=override or _stages(entry, options),
             seed=options.seed,
             tolerance=options.tolerance,
             max_tolerance=options.max_tolerance,
@@ -237,13 +237,18 @@ def _read_source(entry: Entry, path: Path) -> str:
         ) from None
 
 
-def _stages(entry: Entry, smoke: bool) -> list[Stage]:
-    """The entry's pipeline through the finder, or the default scalar lowering."""
+def _stages(entry: Entry, options: SweepSpec) -> list[Stage]:
+    """The entry's family schedule through the finder (for the host, or --target/--feature),
+    else the default scalar lowering; --smoke-test always takes the scalar lowering."""
     specs = [descriptor.DEFAULT_PIPELINE]
-    if entry.pipeline and not smoke:
+    if entry.pipeline and not options.smoke_test:
         arch, features = descriptor.host_target()
         found = descriptor.find_pipeline(
-            entry.pipeline, entry.dtype, schedules_dir=SCHEDULES_DIR, arch=arch, features=features
+            entry.pipeline,
+            entry.dtype,
+            schedules_dir=SCHEDULES_DIR,
+            arch=options.target or arch,
+            features=features if options.features is None else options.features,
         )
         if found is not None:
             specs = [str(found)]

@@ -10,6 +10,7 @@ shown (`--json`, `--junit`, `--log-dir`) is not part of it: that belongs to each
 from __future__ import annotations
 
 import hashlib
+import re
 from argparse import Namespace
 from pathlib import Path
 from typing import Literal
@@ -22,6 +23,7 @@ from kbd.protocol import BenchOptions
 
 DEFAULT_MEM_LIMIT = "4GiB"
 LOCAL = "local"  # `--cluster local`: run on this machine (e.g. to resume a cluster sweep here)
+_TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
 
 class Shard(msgspec.Struct, frozen=True):
@@ -51,6 +53,8 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     pipeline: tuple[str, ...] = ()  # --pipeline specs replacing the entries' pipelines
     smoke_test: bool = False  # every kernel through the default scalar pipeline
     cwd: str = "."  # where relative --pipeline files are looked up
+    target: str | None = None  # --target: the finder's architecture; None = this machine's
+    features: tuple[str, ...] | None = None  # --feature: the finder's features; None = host's
     seed: int = 0
     tolerance: float = 0.01  # rtol = atol required to pass
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
@@ -85,6 +89,11 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
                 f"{limits.format_size(limits.MIN_MEM_LIMIT)} a worker needs before it runs "
                 "anything (torch and torch-mlir are loaded); use 'none' for no cap"
             )
+        for name in (self.target, *(self.features or ())):
+            if name is not None and not _TARGET_NAME.fullmatch(name):
+                raise InputError(
+                    f"--target/--feature {name!r}: expected a name like x86_64 or avx2"
+                )
         if self.shard is not None and not 1 <= self.shard.index <= self.shard.count:
             raise InputError(f"--shard {self.shard}: I must be between 1 and N")
         if self.bench is not None:
@@ -111,6 +120,8 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
         pipeline=tuple(args.pipeline),
         smoke_test=getattr(args, "smoke_test", False),
+        target=args.target,
+        features=tuple(args.feature) if args.feature is not None else None,
         cwd=str(cwd),
         seed=args.seed,
         tolerance=args.tolerance,

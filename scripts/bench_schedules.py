@@ -75,13 +75,13 @@ def compile_case(case: Case, args: list[torch.Tensor], specs: list[str]):
     out_types, _ = mlir.results_to_out_params(module)
     for stage in stages:
         mlir.apply_stage(module, stage)
-    return mlir.Compiled(module, 3), out_types
+    return mlir.Compiled(module, 3, openmp=runtime.uses_openmp(stages)), out_types
 
 
 def on_cores(fn: Callable[[], object], cores: list[int]) -> None:
     """Run fn pinned to these cores with as many OpenMP threads."""
     os.sched_setaffinity(0, cores)
-    runtime.shared_libraries()  # sets the thread count from the affinity
+    runtime.openmp_libraries()  # sets the thread count from the affinity
     fn()
 
 

@@ -134,7 +134,7 @@ def test_copies_raw_bytes_of_any_element_size(elem_size):
 
 
 def test_openmp_runtime_gets_one_thread_per_pinned_core():
-    libraries = runtime.shared_libraries()
+    libraries = runtime.openmp_libraries()
     if not runtime.OPENMP_LIBRARY.is_file():
         pytest.skip("intel-openmp is not installed")
     assert libraries == [str(runtime.OPENMP_LIBRARY)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kbd import descriptor, target
-from kbd.worker import ingress, mlir
+from kbd.worker import ingress, mlir, runtime
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 ARCH, HOST_FEATURES = descriptor.host_target()
@@ -24,9 +24,20 @@ class Matmul(torch.nn.Module):
         return a @ b
 
 
+class Chain(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(torch.relu(2 * x + 1)) * 0.5
+
+
+class BiasChain(torch.nn.Module):
+    def forward(self, x, bias):
+        return torch.sigmoid(x + bias) * x
+
+
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [(Matmul, [(64, 64), (64, 64)]), (Matmul, [(32, 48), (48, 17)])],
+    "element_wise": [(Chain, [(8, 64)]), (Chain, [(3, 5, 7)]), (BiasChain, [(6, 10), (10,)])],
 }
 
 
@@ -51,8 +62,10 @@ def lower(path: Path, module_class, shapes):
     args = [torch.randn(shape) for shape in shapes]
     module = mlir.import_model(module_class(), args)
     out_types, _ = mlir.results_to_out_params(module)
-    for stage in descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/")):
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    for stage in stages:
         mlir.apply_stage(module, stage)
+    assert runtime.uses_openmp(stages)  # blocks run as parallel loops
     return module, args, out_types
 
 
@@ -65,14 +78,14 @@ def test_family_schedule(path, feature, family, tmp_path):
     for module_class, shapes in CASES[family]:
         module, args, out_types = lower(path, module_class, shapes)
         if ARCH == "x86_64" and (feature is None or feature in HOST_FEATURES):
-            compiled = mlir.Compiled(module, 3)
+            compiled = mlir.Compiled(module, 3, openmp=True)
             outputs = [np.zeros(t.dims, np.float32) for t in out_types]
             compiled([*outputs, *ingress.buffers_from_args(args)])
             expected = module_class()(*args).numpy()
             np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4)
         else:
             mlir.set_target_features(module, target.LLVM_FEATURES.get(feature, ()))
-            compiled = mlir.Compiled(module, 3)
+            compiled = mlir.Compiled(module, 3, openmp=True)
             compiled.write_object(tmp_path / "kernel.o")
             assert (tmp_path / "kernel.o").stat().st_size > 0
 
@@ -82,7 +95,7 @@ def test_avx512_schedule_compiles_to_zmm_code_on_any_x86_host(tmp_path):
     path = SCHEDULES / "x86_64" / "avx512f" / "matmul" / "f32.yaml"
     module, _, _ = lower(path, Matmul, [(64, 64), (64, 64)])
     mlir.set_target_features(module, target.LLVM_FEATURES["avx512f"])
-    mlir.Compiled(module, 3).write_object(tmp_path / "kernel.o")
+    mlir.Compiled(module, 3, openmp=True).write_object(tmp_path / "kernel.o")
     assembly = subprocess.run(
         ["objdump", "-d", str(tmp_path / "kernel.o")], capture_output=True, text=True, check=True
     ).stdout

@@ -63,3 +63,26 @@ def test_stored_spec_round_trips_and_validates():
         spec.decode('{"timeout": "soon"}', "sweep 7")
     with pytest.raises(InputError, match="sweep 7: stored options are not JSON"):
         spec.decode("{", "sweep 7")
+
+
+def test_target_and_features_choose_the_family_schedule(tmp_path):
+    from kbd.catalog import Entry
+    from kbd.commands import _stages
+
+    entry = Entry(
+        "level1/1_matmul.py", "l.yaml", None, None, None, None, "matmul", "f32", None, None
+    )
+
+    def schedule(argv: list[str]) -> str:
+        return _stages(entry, _from(["sweep", *argv], tmp_path))[0].source
+
+    assert schedule(["--target", "x86_64", "--feature", "avx512f"]).endswith(
+        "schedules/x86_64/avx512f/matmul/f32.yaml"
+    )
+    assert schedule(["--target", "x86_64", "--feature", "none"]).endswith(
+        "schedules/x86_64/matmul/f32.yaml"
+    )
+    assert schedule(["--target", "aarch64"]).endswith("scalar-lowering.yaml")
+    assert schedule(["--target", "x86_64", "--smoke-test"]).endswith("scalar-lowering.yaml")
+    with pytest.raises(InputError, match="--target/--feature 'avx 2'"):
+        _from(["run", "--feature", "avx 2"], tmp_path)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kbd.protocol import Imported, Job, Result
-from kbd.worker import bench, cached_import, check, ingress, mlir
+from kbd.worker import bench, cached_import, check, ingress, mlir, runtime
 
 _MEMORY_MARKERS = ("can't allocate memory", "out of memory", "unable to allocate", "bad_alloc")
 
@@ -87,7 +87,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
     with step("jit"):
         if job.bench is not None:
             mlir.add_bench_wrappers(module, len(out_types) + len(in_types))
-        compiled = mlir.Compiled(module, job.opt_level)
+        compiled = mlir.Compiled(module, job.opt_level, openmp=runtime.uses_openmp(job.stages))
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     with step("run"):
         compiled([*outputs, *inputs])

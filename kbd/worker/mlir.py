@@ -253,10 +253,10 @@ def set_target_features(module: ir.Module, features: Sequence[str]) -> None:
 class Compiled:
     """A JIT-compiled module whose entry takes (outputs..., inputs...) as memrefs."""
 
-    def __init__(self, module: ir.Module, opt_level: int):
-        self._engine = ExecutionEngine(
-            module, opt_level=opt_level, shared_libs=runtime.shared_libraries()
-        )
+    def __init__(self, module: ir.Module, opt_level: int, *, openmp: bool = False):
+        """`openmp`: load the OpenMP runtime (the module has parallel loops lowered to it)."""
+        libraries = runtime.openmp_libraries() if openmp else []
+        self._engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=libraries)
         runtime.register(self._engine)
         self._entry = self._engine.lookup(ENTRY)  # forces compilation now, not at first call
 

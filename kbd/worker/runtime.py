@@ -2,8 +2,8 @@
 
 Parallel loops lowered to OpenMP call the `__kmpc_*` entry points of an LLVM/Intel OpenMP
 runtime, which torch's libgomp lacks: kbd loads `libiomp5.so` from the `intel-openmp` wheel
-(installed next to the interpreter, in `<prefix>/lib`) into every execution engine, with as many
-threads as the worker has pinned cores.
+(installed next to the interpreter, in `<prefix>/lib`) into the execution engine of a pipeline
+that lowers to OpenMP, with as many threads as the worker has pinned cores.
 
 Upstream these live in libmlir_c_runner_utils, which the wheel lacks. Lowered code calls them by
 their plain C name (`memrefCopy`), so they are registered with `raw_register_runtime`; the
@@ -64,11 +64,17 @@ def register(engine) -> None:
 
 
 OPENMP_LIBRARY = Path(sys.prefix) / "lib" / "libiomp5.so"
+OPENMP_PASS = "convert-scf-to-openmp"
 
 
-def shared_libraries() -> list[str]:
-    """Libraries to load into an execution engine: the OpenMP runtime, when installed, with its
-    thread count set to the cores this process may run on."""
+def uses_openmp(stages) -> bool:
+    """Whether a pipeline lowers parallel loops to OpenMP (its code then calls __kmpc_*)."""
+    return any(stage.kind == "pass" and stage.name == OPENMP_PASS for stage in stages)
+
+
+def openmp_libraries() -> list[str]:
+    """The OpenMP runtime to load into an execution engine, when installed, with its thread
+    count set to the cores this process may run on (starting it costs some 40 ms)."""
     if not OPENMP_LIBRARY.is_file():
         return []
     openmp = ctypes.CDLL(str(OPENMP_LIBRARY), mode=ctypes.RTLD_GLOBAL)
