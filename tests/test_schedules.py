@@ -14,6 +14,7 @@ import torch
 
 from kbd import descriptor, target
 from kbd.worker import ingress, mlir, runtime
+from tests.conftest import fixture_args, json_records, kbd
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 ARCH, HOST_FEATURES = descriptor.host_target()
@@ -100,3 +101,13 @@ def test_avx512_schedule_compiles_to_zmm_code_on_any_x86_host(tmp_path):
         ["objdump", "-d", str(tmp_path / "kernel.o")], capture_output=True, text=True, check=True
     ).stdout
     assert "vfmadd" in assembly and "zmm" in assembly
+
+
+def test_a_family_schedule_runs_in_a_sandboxed_worker_with_two_threads(tmp_path):
+    """The worker loads the OpenMP runtime for a pipeline that lowers to it (2 pinned cores)."""
+    schedule = SCHEDULES / "x86_64" / "matmul" / "f32.yaml"
+    args = fixture_args("level1/1_", "level1/2_", "--pipeline", str(schedule), "-j", "1", "--json")
+    result = kbd("run", *args, cwd=tmp_path)
+    records = json_records(result.stdout)
+    assert records["level1/1_matmul"]["outcome"] == "pass", result.stderr
+    assert records["level1/2_relu_scale"]["outcome"] == "pass", result.stderr
