@@ -8,7 +8,7 @@ module attributes {transform.with_named_sequence} {
       : (!transform.any_op) -> !transform.any_op
     %fused = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %func
       : (!transform.any_op) -> !transform.any_op
-    %generics = transform.structured.match ops{["linalg.generic"]} in %fused
+    %generics = transform.structured.match ops{["linalg.generic"]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics : !transform.any_op {
     ^bb0(%op: !transform.any_op):

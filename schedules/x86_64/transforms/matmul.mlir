@@ -31,7 +31,7 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.transfer_permutation_patterns
     } : !transform.any_op
     // Keep the accumulator in registers across the k loop.
-    %all_loops = transform.structured.match interface{LoopLikeInterface} in %func
+    %all_loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %all_loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %all_loops : !transform.any_op
