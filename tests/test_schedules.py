@@ -63,7 +63,6 @@ def lower(path: Path, module_class, shapes):
     args = [torch.randn(shape) for shape in shapes]
     module = mlir.import_model(module_class(), args)
     out_types, _ = mlir.results_to_out_params(module)
-    mlir.add_bench_wrappers(module)  # as --benchmark does: schedules see several functions
     stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
     for stage in stages:
         mlir.apply_stage(module, stage)
