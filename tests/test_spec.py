@@ -69,9 +69,7 @@ def test_target_and_features_choose_the_family_schedule(tmp_path):
     from kbd.catalog import Entry
     from kbd.commands import _stages
 
-    entry = Entry(
-        "level1/1_matmul.py", "l.yaml", None, None, None, None, "matmul", "f32", None, None
-    )
+    entry = Entry("level1/1_matmul.py", "l.yaml", None, None, None, None, "matmul", "f32", None)
 
     def schedule(argv: list[str]) -> str:
         return _stages(entry, _from(["sweep", *argv], tmp_path))[0].source
