@@ -95,9 +95,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "-O",
         dest="opt_level",
         type=int,
-        default=3,
         choices=range(4),
-        help="LLVM optimization level of the JIT (default 3)",
+        help="LLVM optimization level of the JIT (default 3; 0 with --smoke-test, which checks "
+        "correctness and need not pay for optimised code: see README)",
     )
     comp.add_argument(
         "--no-import-cache",

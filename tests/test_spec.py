@@ -37,6 +37,15 @@ def test_defaults_and_no_memory_cap(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("argv", "opt_level"),
+    [(["run"], 3), (["sweep"], 3), (["sweep", "--smoke-test"], 0),
+     (["sweep", "--smoke-test", "-O", "2"], 2), (["run", "-O", "1"], 1)],
+)  # fmt: skip
+def test_smoke_tests_jit_at_O0_unless_told(tmp_path, argv, opt_level):
+    assert _from(argv, tmp_path).opt_level == opt_level
+
+
+@pytest.mark.parametrize(
     ("argv", "expected"),
     [
         (["-j", "0"], "-j/--jobs must be at least 1, got 0"),
