@@ -54,11 +54,14 @@ class Tier:
         return levels_dir / self.subdir if self.subdir else levels_dir
 
     def header(self, level: str) -> str:
-        budget = f"{self.budget.nbytes / 2**20:g} MiB and {self.budget.flops:g} FLOP"
+        size = self.budget.nbytes / 2**20
+        size_text = f"{size / 1024:g} GiB" if size >= 1024 else f"{size:g} MiB"
+        budget = f"{size_text} and {self.budget.flops:g} FLOP"
+        why = "".join(f"# {line}\n" for line in self.why.splitlines())
         return (
             f"# {level} {self.name} shapes for kbd, written by `kbd levels generate"
             f"{'' if self.name == 'smoke' else ' --shapes ' + self.name}` from KernelBench.\n"
-            f"# {self.why}\n"
+            f"{why}"
             f"# Budget per kernel: inputs + outputs + parameters <= {budget} per forward;\n"
             "# KernelBench's own shapes when they fit, else its size constants halved (batch,\n"
             "# then spatial, then features; kernel sizes, strides, groups and heads kept).\n"
@@ -79,7 +82,7 @@ TIERS = {
         "bench",
         "bench",
         Budget(nbytes=1 << 30, flops=2e9),
-        "Benchmarks time kernels: large enough to time, small enough that the scalar pipeline "
+        "Benchmarks time kernels: large enough to time, small enough that the scalar pipeline\n"
         "(~0.5-1 GFLOP/s) keeps a sweep bounded.",
     ),
 }
