@@ -181,6 +181,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="run kernels without filesystem and network containment (debugging only; "
         "records say so)",
     )
+    run_in = parser.add_argument_group("daemon")
+    run_in.add_argument(
+        "--daemon",
+        dest="daemon",
+        action="store_const",
+        const="yes",
+        default="auto",
+        help="run in the daemon of this store, starting one if none runs (default: use one "
+        "when it runs, else run in this process)",
+    )
+    run_in.add_argument(
+        "--no-daemon",
+        dest="daemon",
+        action="store_const",
+        const="no",
+        help="run in this process even when a daemon runs",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--json", action="store_true", help="one JSON object per kernel on stdout (JSON Lines)"
@@ -251,7 +268,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="I/N",
         help="run only shard I of N (1-based; stable when kernels are added)",
     )
+    sweep.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in the daemon (started if needed), print the sweep id and return; "
+        "`kbd attach ID` follows it",
+    )
     _db_option(sweep)
+
+    attach = sub.add_parser(
+        "attach",
+        help="follow a sweep running in the daemon (Ctrl-C detaches)",
+        description="Show the finished kernels and live progress of a sweep running in the "
+        "daemon, from any terminal (several may follow at once). Ctrl-C detaches; the sweep "
+        "goes on. Never starts a daemon.",
+    )
+    attach.add_argument("id", nargs="?", type=int, help="sweep id (default: the latest active)")
+    attach.add_argument("--json", action="store_true", help="JSON Lines, one object per kernel")
+    _db_option(attach)
+    cancel = sub.add_parser(
+        "cancel",
+        help="stop a sweep running in the daemon (resumable)",
+        description="Start no more kernels of the sweep and let running ones finish "
+        "(--kill: kill them). The sweep ends interrupted and `kbd sweep --resume ID` finishes it.",
+    )
+    cancel.add_argument("id", type=int, help="sweep id")
+    cancel.add_argument("--kill", action="store_true", help="kill its running kernels now")
+    _db_option(cancel)
 
     results = sub.add_parser(
         "results",
@@ -383,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
             from kbd import doctor
 
             return doctor.doctor(args)
+        if args.command in ("attach", "cancel"):
+            from kbd.daemon import submit
+
+            return submit.attach(args) if args.command == "attach" else submit.cancel(args)
         if args.command == "daemon":
             from kbd.daemon import commands as daemon_commands
 

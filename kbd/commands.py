@@ -8,6 +8,7 @@ import shlex
 import sys
 import time
 from argparse import Namespace
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -34,47 +35,77 @@ from kbd.protocol import Job, Limits, Stage
 from kbd.scheduler import Hooks, Planned
 from kbd.spawner import Spawner, TemplateError
 from kbd.spec import SweepSpec
-from kbd.store import Store
+from kbd.store import Store, Sweep
 
 SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
 SECONDS_PER_GFLOP = 2.0  # scalar-loop code; only used to order kernels never run before
 
 
-def run_or_sweep(args: Namespace) -> int:
-    sweep = args.command == "sweep"
-    store = Store(Path(args.db)) if sweep else None
-    if sweep and args.resume:
-        resumed = store.sweep(None if args.resume == "latest" else _sweep_id(args.resume))
-        options = spec.decode(resumed.options, f"{store.path}: sweep {resumed.id}")
-        if getattr(args, "cluster", None):  # where to finish it may change; what to run may not
-            options = msgspec.structs.replace(options, cluster=spec.parse_cluster(args.cluster))
-    else:
-        resumed = None
-        options = spec.from_args(args, Path.cwd())
-    if options.cluster is not None:
-        cluster.require_ray()
-    plans, slots, budget = _plan(options, store)
+@dataclass
+class Prepared:
+    """A run or sweep ready to execute: what is left to run and where its records go."""
+
+    options: SweepSpec
+    plans: list[Planned]  # still to run, in order
+    kernels: list[str]  # every selected kernel, in run order
+    sweep_id: int | None  # None: a `kbd run` (nothing stored)
+    hashes: dict[str, str]  # kernel -> configuration hash, stored with its attempt
+    note: str | None = None  # what the user should know first, e.g. how much a resume runs
+
+
+def prepare(options: SweepSpec, store: Store | None, resumed: Sweep | None, command: str):
+    """Plan a run (store None) or a sweep: create its row, or pick up where `resumed` ended."""
+    plans = _plan(options, store)
     if options.shard is not None:
         plans = [p for p in plans if options.shard.contains(p.entry.name)]
     kernels = [p.entry.name for p in plans]
+    note = None
+    sweep_id = None
     if resumed is not None:
         finished = {r.kernel for r in store.records(resumed.id) if is_final(r.outcome)}
         plans = [p for p in plans if p.entry.name not in finished]
         sweep_id = resumed.id
         store.set_status(sweep_id, "running")
-        print(
-            f"kbd: resuming sweep {sweep_id}: {len(plans)} of {len(kernels)} kernels left",
-            file=sys.stderr,
-        )
-    elif sweep:
+        note = f"kbd: resuming sweep {sweep_id}: {len(plans)} of {len(kernels)} kernels left"
+    elif store is not None:
         sweep_id = store.create_sweep(
-            shlex.join(["kbd", *sys.argv[1:]]),
-            spec.encode(options),
-            kernels,
-            _hash([p.job for p in plans]),
+            command, spec.encode(options), kernels, _hash([p.job for p in plans])
         )
-    log_dir = Path(args.log_dir) if args.log_dir else _default_log_dir(sweep_id if sweep else None)
     hashes = {p.entry.name: _hash(p.job) for p in plans}
+    return Prepared(options, plans, kernels, sweep_id, hashes, note)
+
+
+def options_of(args: Namespace, store: Store | None) -> tuple[SweepSpec, Sweep | None]:
+    """The spec to run: from the command line, or the stored one of the sweep to resume."""
+    if store is not None and args.resume:
+        resumed = store.sweep(None if args.resume == "latest" else _sweep_id(args.resume))
+        options = spec.decode(resumed.options, f"{store.path}: sweep {resumed.id}")
+        if getattr(args, "cluster", None):  # where to finish it may change; what to run may not
+            options = msgspec.structs.replace(options, cluster=spec.parse_cluster(args.cluster))
+        return options, resumed
+    return spec.from_args(args, Path.cwd()), None
+
+
+def run_or_sweep(args: Namespace) -> int:
+    sweep = args.command == "sweep"
+    store = Store(Path(args.db)) if sweep else None
+    options, resumed = options_of(args, store)
+    if options.cluster is not None:
+        cluster.require_ray()
+    detach = getattr(args, "detach", False)
+    if detach and (args.daemon == "no" or options.cluster is not None):
+        raise InputError("--detach runs the sweep in the daemon; not with --no-daemon or --cluster")
+    if options.cluster is None and (args.daemon != "no" or detach):
+        from kbd.daemon import submit
+
+        status = submit.run_or_sweep(args, options, resumed)
+        if status is not None:
+            return status  # the daemon ran it
+    prepared = prepare(options, store, resumed, shlex.join(["kbd", *sys.argv[1:]]))
+    if prepared.note:
+        print(prepared.note, file=sys.stderr)
+    plans, hashes, sweep_id = prepared.plans, prepared.hashes, prepared.sweep_id
+    log_dir = Path(args.log_dir) if args.log_dir else _default_log_dir(sweep_id if sweep else None)
 
     progress = Progress(total=len(plans), live=sys.stderr.isatty() and not args.json)
     records: list[Record] = []
@@ -83,11 +114,7 @@ def run_or_sweep(args: Namespace) -> int:
         records.append(record)
         if store is not None:
             store.add_attempt(sweep_id, hashes[record.kernel], record)
-        if args.json:
-            print(reports.json_line(record), flush=True)
-            progress.finished(record, None)
-        else:
-            progress.finished(record, reports.line(record))
+        show(args, progress, record)
 
     def lost(record: Record) -> None:  # a cluster node was lost: not a verdict, runs again
         store.add_attempt(sweep_id, hashes[record.kernel], record)
@@ -103,12 +130,15 @@ def run_or_sweep(args: Namespace) -> int:
         notice=progress.notice,
     )
     started = time.monotonic()
-    cores_per_worker = len(slots[0])
-    env = {**os.environ, **limits.thread_env(cores_per_worker), "PYTHONFAULTHANDLER": "1"}
     try:
         if options.cluster is None:
+            pool = scheduler.Pool(
+                limits.usable_cores(), options.mem_budget or limits.default_budget()
+            )
+            jobs = options.jobs or len(pool.cores)
+            env = template_env(scheduler.cores_per_worker(pool.cores, jobs))
             completed = anyio.run(
-                _execute, env, log_dir, plans, slots, budget, options.timeout, hooks, progress
+                _execute, env, log_dir, plans, pool, jobs, options.timeout, hooks, progress
             )
         else:
             from kbd.cluster import head  # imports ray
@@ -116,15 +146,8 @@ def run_or_sweep(args: Namespace) -> int:
             losses = store.count_attempts(sweep_id, "lost")
             completed = head.execute(options, plans, log_dir, hooks, progress, losses)
     except (TemplateError, ClusterError, BaseExceptionGroup) as exc:
-        if isinstance(exc, BaseExceptionGroup):
-            found, _ = exc.split((TemplateError, ClusterError))
-            if found is None:
-                raise
-            exc = found.exceptions[0]
-            while isinstance(exc, BaseExceptionGroup):
-                exc = exc.exceptions[0]
         progress.close()
-        print(f"kbd: error: {exc}", file=sys.stderr)
+        print(f"kbd: error: {fatal_error(exc)}", file=sys.stderr)
         if store is not None:
             store.set_status(sweep_id, "interrupted")
         return 1
@@ -132,12 +155,27 @@ def run_or_sweep(args: Namespace) -> int:
     wall = time.monotonic() - started
     if store is not None:
         store.set_status(sweep_id, "done" if completed else "interrupted")
-        records = _in_order(store.records(sweep_id), kernels)
-    if args.junit:
+        records = in_order(store.records(sweep_id), prepared.kernels)
+    return report(args, records, wall, completed, sweep_id)
+
+
+def show(args: Namespace, progress: Progress, record: Record) -> None:
+    """One finished kernel: its line above the progress block, or a JSON line on stdout."""
+    if getattr(args, "json", False):
+        print(reports.json_line(record), flush=True)
+        progress.finished(record, None)
+    else:
+        progress.finished(record, reports.line(record))
+
+
+def report(args: Namespace, records, wall: float, completed: bool, sweep_id: int | None) -> int:
+    """Summary, JUnit, the resume hint; returns the exit status."""
+    as_json = getattr(args, "json", False)
+    if getattr(args, "junit", None):
         reports.write_junit(records, Path(args.junit))
-    if not args.json or sys.stderr.isatty():
-        print(reports.summary(records, wall), file=sys.stderr if args.json else sys.stdout)
-    if sweep and not completed:
+    if not as_json or sys.stderr.isatty():
+        print(reports.summary(records, wall), file=sys.stderr if as_json else sys.stdout)
+    if sweep_id is not None and not completed:
         print(
             f"kbd: sweep {sweep_id} interrupted; continue with `kbd sweep --resume {sweep_id}`",
             file=sys.stderr,
@@ -147,7 +185,24 @@ def run_or_sweep(args: Namespace) -> int:
     return 1 if any(r.failed for r in records) else 0
 
 
-async def _execute(env, log_dir, plans, slots, budget, timeout, hooks, progress) -> bool:
+def template_env(cores_per_worker: int) -> dict[str, str]:
+    """The template's environment: thread counts match the cores each worker is pinned to."""
+    return {**os.environ, **limits.thread_env(cores_per_worker), "PYTHONFAULTHANDLER": "1"}
+
+
+def fatal_error(exc: BaseException) -> BaseException:
+    """The TemplateError or ClusterError inside `exc` (maybe a group); re-raises anything else."""
+    if isinstance(exc, BaseExceptionGroup):
+        found, _ = exc.split((TemplateError, ClusterError))
+        if found is None:
+            raise exc
+        exc = found.exceptions[0]
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+    return exc
+
+
+async def _execute(env, log_dir, plans, pool, jobs, timeout, hooks, progress) -> bool:
     async with (
         Spawner.started(env, log_dir / "template.log") as spawner,
         anyio.create_task_group() as group,
@@ -157,8 +212,8 @@ async def _execute(env, log_dir, plans, slots, budget, timeout, hooks, progress)
         completed = await scheduler.execute(
             spawner,
             plans,
-            slots=slots,
-            budget=budget,
+            pool=pool,
+            jobs=jobs,
             timeout=timeout,
             log_dir=log_dir,
             hooks=hooks,
@@ -180,9 +235,6 @@ def _plan(options: SweepSpec, store: Store | None):
     files = [Path(f) for f in options.levels] or catalog.default_levels_files(options.shapes)
     entries = catalog.select(catalog.load(files), list(options.kernels))
     catalog.check_sources(entries, root)
-    cores = limits.usable_cores()
-    slots = scheduler.core_slots(cores, options.jobs or len(cores))
-    budget = options.mem_budget or limits.default_budget()
     override = (
         descriptor.resolve_pipeline(
             list(options.pipeline), schedules_dir=SCHEDULES_DIR, cwd=Path(options.cwd)
@@ -225,7 +277,7 @@ def _plan(options: SweepSpec, store: Store | None):
             memory = max(memory, previous.peak_rss_bytes)
         expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
-    return scheduler.order(plans), slots, budget
+    return scheduler.order(plans)
 
 
 def _read_source(entry: Entry, path: Path) -> str:
@@ -282,7 +334,7 @@ def _sweep_id(text: str) -> int:
         raise InputError(f"--resume {text!r}: a sweep id is a number") from None
 
 
-def _in_order(records: list[Record], kernels: list[str]) -> list[Record]:
+def in_order(records: list[Record], kernels: list[str]) -> list[Record]:
     position = {k: i for i, k in enumerate(kernels)}
     return sorted(records, key=lambda r: position.get(r.kernel, len(position)))
 

@@ -400,7 +400,54 @@ class Refused(msgspec.Struct, frozen=True, tag="refused"):
     """A request was not carried out; `message` says why in one line."""
 
     message: str
+    exit_status: int = 1  # 2: bad input (an unknown kernel, a malformed levels file, ...)
 
 
-DaemonRequest = StatusRequest | StopRequest | CancelRequest | AttachRequest
-DaemonReply = Welcome | DaemonStatus | Done | Refused
+class SubmitRequest(msgspec.Struct, frozen=True, tag="submit"):
+    """Run a `kbd run` (sweep=False: nothing stored) or `kbd sweep` in the daemon."""
+
+    spec: str  # the SweepSpec as JSON (kbd.spec.encode), paths absolute
+    sweep: bool
+    command: str  # the command line, as stored with the sweep
+    resume: int | None = None  # continue this stored sweep (its spec is `spec`)
+    log_dir: str | None = None  # absolute; None: .kbd/logs/<run> next to the store
+    detach: bool = False  # answer Accepted and return; the sweep runs on
+
+
+class Accepted(msgspec.Struct, frozen=True, tag="accepted"):
+    sweep_id: int | None
+    total: int  # kernels to run now
+    selected: int  # kernels selected (a resumed sweep ran some already)
+
+
+class KernelStarted(msgspec.Struct, frozen=True, tag="started"):
+    kernel: str
+
+
+class KernelPhase(msgspec.Struct, frozen=True, tag="kernel-phase"):
+    kernel: str
+    phase: str
+
+
+class KernelMemory(msgspec.Struct, frozen=True, tag="memory"):
+    kernel: str
+    rss: int
+
+
+class KernelFinished(msgspec.Struct, frozen=True, tag="finished"):
+    record: msgspec.Raw  # a kbd.outcome.Record, msgpack-encoded (outcome imports this module)
+
+
+class Notice(msgspec.Struct, frozen=True, tag="notice"):
+    text: str
+
+
+class SweepEnded(msgspec.Struct, frozen=True, tag="ended"):
+    status: str  # done | interrupted
+    wall_s: float
+    completed: bool  # every kernel started (not cancelled or stopped)
+
+
+DaemonRequest = StatusRequest | StopRequest | CancelRequest | AttachRequest | SubmitRequest
+DaemonReply = Welcome | DaemonStatus | Done | Refused | Accepted
+DaemonEvent = KernelStarted | KernelPhase | KernelMemory | KernelFinished | Notice | SweepEnded

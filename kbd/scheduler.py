@@ -64,6 +64,71 @@ class Memory:
         self.changed = anyio.Event()
 
 
+class Pool:
+    """Cores and memory shared by every kernel of one supervisor: a command, or the daemon with
+    the sweeps of all its clients.
+
+    A kernel needs a number of whole cores (pinned, not shared) and its estimated memory. Requests
+    are served strictly in arrival order: the first waiter gets cores as soon as enough are free
+    and its memory fits the budget (or nothing else runs), and nobody overtakes it, so a large
+    kernel is not starved by a stream of small ones.
+    """
+
+    def __init__(self, cores: list[int], budget: int):
+        self.cores = list(cores)
+        self.budget = budget
+        self.free = list(cores)
+        self.reserved = 0
+        self._queue: list[object] = []
+        self._changed = anyio.Event()
+
+    async def acquire(self, count: int, memory: int) -> tuple[int, ...]:
+        count = max(1, min(count, len(self.cores)))
+        ticket = object()
+        self._queue.append(ticket)
+        try:
+            while not (self._queue[0] is ticket and self._fits(count, memory)):
+                await self._changed.wait()
+        finally:
+            self._queue.remove(ticket)
+            self._notify()
+        taken, self.free = tuple(self.free[:count]), self.free[count:]
+        self.reserved += memory
+        return taken
+
+    def release(self, cores: tuple[int, ...], memory: int) -> None:
+        self.free = sorted([*self.free, *cores])
+        self.reserved -= memory
+        self._notify()
+
+    def _fits(self, count: int, memory: int) -> bool:
+        idle = len(self.free) == len(self.cores)
+        return len(self.free) >= count and (self.reserved + memory <= self.budget or idle)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+@dataclass
+class Control:
+    """How a running sweep is stopped from outside (the daemon): `stop` starts nothing new;
+    with `kill` it also kills the running kernels (the scope `execute` sets)."""
+
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+    scope: anyio.CancelScope | None = None
+
+    def stop(self, *, kill: bool) -> None:
+        self.stopping.set()
+        if kill and self.scope is not None:
+            self.scope.cancel()
+
+
+def cores_per_worker(cores: list[int], jobs: int) -> int:
+    """Whole cores each of `jobs` parallel workers gets."""
+    return max(1, len(cores) // max(1, min(jobs, len(cores))))
+
+
 def core_slots(cores: list[int], jobs: int) -> list[tuple[int, ...]]:
     """Split the usable cores into `jobs` disjoint slots (round-robin)."""
     jobs = max(1, min(jobs, len(cores)))
@@ -79,24 +144,27 @@ async def execute(
     spawner: Spawner,
     plans: list[Planned],
     *,
-    slots: list[tuple[int, ...]],
-    budget: int,
+    pool: Pool,
+    jobs: int,
     timeout: float,
     log_dir: Path,
     hooks: Hooks,
+    control: Control | None = None,
     run: Callable[..., Awaitable[Record]] = run_kernel,
 ) -> bool:
-    """Run every plan; returns False when the user interrupted before all had started.
+    """Run every plan with at most `jobs` at once, on cores and memory from `pool`.
 
-    `run` runs one kernel in a worker (`runner.run_kernel`; tests pass a fake).
+    Without `control`, Ctrl-C and SIGTERM stop the sweep (first: start nothing new; second:
+    kill). Returns False when stopped before all plans had started or when running kernels were
+    killed (either way some kernels have no record, and `--resume` runs them). `run` runs one
+    kernel in a worker (`runner.run_kernel`; tests pass a fake).
     """
-    memory = Memory(budget)
-    free_slots = list(slots)
-    slot_freed = anyio.Event()
-    stopping = anyio.Event()
+    width = cores_per_worker(pool.cores, jobs)
+    running = 0
+    one_ended = anyio.Event()
 
     async def run_one(plan: Planned, cores: tuple[int, ...]) -> None:
-        nonlocal slot_freed
+        nonlocal running, one_ended
         try:
             hooks.started(plan.entry.name)
             record = await run_plan(
@@ -104,31 +172,54 @@ async def execute(
             )
             hooks.finished(record)
         finally:
-            memory.release(plan.memory)
-            free_slots.append(cores)
-            slot_freed.set()
-            slot_freed = anyio.Event()
+            pool.release(cores, plan.memory)
+            running -= 1
+            one_ended.set()
+            one_ended = anyio.Event()
 
+    async def admit(plan: Planned) -> tuple[int, ...] | None:
+        """Cores for `plan` once this sweep is under `jobs` and the pool has room; None when
+        the sweep is stopped meanwhile."""
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as waiter:
+                waiter.start_soon(_cancel_when_set, control.stopping, scope)
+                while running >= jobs:
+                    await one_ended.wait()
+                cores = await pool.acquire(width, plan.memory)
+                waiter.cancel_scope.cancel()
+                return cores
+        return None
+
+    own_signals = control is None
+    control = control or Control()
+    completed = ended = False
     async with anyio.create_task_group() as group:
-        group.start_soon(watch_interrupts, stopping, group.cancel_scope, hooks)
+        control.scope = group.cancel_scope
+        if own_signals:
+            group.start_soon(watch_interrupts, control.stopping, group.cancel_scope, hooks)
         for plan in plans:
-            reason = too_big(plan, budget)
+            if control.stopping.is_set():
+                break
+            reason = too_big(plan, pool.budget)
             if reason is not None:  # never started: a worker could not hold it
                 hooks.finished(skipped(plan, reason))
                 continue
-            while not free_slots and not stopping.is_set():
-                with anyio.move_on_after(0.5):
-                    await slot_freed.wait()
-            if stopping.is_set():
+            cores = await admit(plan)
+            if cores is None:
                 break
-            cores = free_slots.pop(0)
-            await memory.acquire(plan.memory)
+            running += 1
             group.start_soon(run_one, plan, cores)
-        completed = not stopping.is_set()
-        while len(free_slots) < len(slots):
-            await slot_freed.wait()
+        completed = not control.stopping.is_set()
+        while running:
+            await one_ended.wait()
+        ended = True  # not killed: every started kernel has its record
         group.cancel_scope.cancel()
-    return completed
+    return completed and ended
+
+
+async def _cancel_when_set(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 async def run_plan(

@@ -98,6 +98,15 @@ class Spawner:
                     await _stop(process, ours)
                 group.cancel_scope.cancel()
 
+    @property
+    def dead(self) -> str | None:
+        """Why the template is gone, or None while it serves."""
+        return self._dead
+
+    @property
+    def pid(self) -> int | None:
+        return self._ready_message.pid if self._ready_message else None
+
     async def spawn(self) -> Worker:
         """Fork a fresh worker; returns once its pid is known."""
         self._check_alive()

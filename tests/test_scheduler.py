@@ -16,7 +16,7 @@ from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES
 from kbd.outcome import Record
 from kbd.protocol import Job, Limits
-from kbd.scheduler import Hooks, Planned, core_slots, execute, order
+from kbd.scheduler import Hooks, Planned, Pool, core_slots, execute, order
 from kbd.spawner import TemplateError
 
 MiB = 1 << 20
@@ -67,7 +67,8 @@ async def sweep(plans, runner, *, slots, budget=1 << 40, driver=None) -> list[Re
     async with anyio.create_task_group() as group:
         if driver is not None:
             group.start_soon(driver)
-        await execute(None, plans, slots=slots, budget=budget, timeout=1, log_dir=Path("/none"),
+        pool = Pool(sorted(core for slot in slots for core in slot), budget)
+        await execute(None, plans, pool=pool, jobs=len(slots), timeout=1, log_dir=Path("/none"),
                       hooks=hooks, run=runner)  # fmt: skip
     return records
 
@@ -155,3 +156,33 @@ def test_a_dead_template_ends_the_sweep():
         anyio.run(lambda: sweep([plan("a"), plan("b")], runner, slots=[(0,)]))
     assert info.group_contains(TemplateError)
     assert runner.started[0] == "level1/a"
+
+
+def test_two_sweeps_share_one_pool_without_oversubscribing_it():
+    """The daemon's case: two sweeps draw cores and memory from one pool, in arrival order."""
+    runner = FakeRunner()
+    pool = Pool([0, 1], budget=10 * MiB)
+    hooks = Hooks(notice=lambda text: None)
+
+    async def one(names):
+        plans = [plan(n, memory=4 * MiB) for n in names]
+        await execute(None, plans, pool=pool, jobs=2, timeout=1, log_dir=Path("/none"),
+                      hooks=hooks, run=runner)  # fmt: skip
+
+    async def main():
+        async with anyio.create_task_group() as group:
+            group.start_soon(one, ["a1", "a2"])
+            await runner.begun["level1/a1"].wait()
+            group.start_soon(one, ["b1", "b2"])
+            await runner.begun["level1/a2"].wait()
+            await anyio.wait_all_tasks_blocked()
+            assert sorted(runner.running.values()) == [(0,), (1,)]  # b1 waits: no core free
+            await runner.finish("level1/a1")
+            await runner.begun["level1/b1"].wait()  # b1 takes the core a1 freed
+            for name in ("a2", "b1", "b2"):
+                await runner.finish(f"level1/{name}")
+
+    anyio.run(main)
+    assert runner.most_at_once == 2
+    assert runner.started == ["level1/a1", "level1/a2", "level1/b1", "level1/b2"]
+    assert pool.reserved == 0 and pool.free == [0, 1]

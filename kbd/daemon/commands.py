@@ -40,7 +40,7 @@ def _run(args: Namespace, paths: StatePaths) -> int:
             paths,
             idle_timeout=args.idle_timeout,
             log_file=Path(args.log).resolve() if args.log else None,
-            work=Work(cores, budget),
+            work=Work(cores, budget, paths.store),
         )
     except AlreadyRunning as exc:
         print(f"kbd: a daemon already runs for {paths.store}:\n{exc}", file=sys.stderr)
@@ -50,11 +50,22 @@ def _run(args: Namespace, paths: StatePaths) -> int:
 def _start(args: Namespace, paths: StatePaths) -> int:
     started = time.monotonic()
     connection = client.ensure(paths, idle_timeout=args.idle_timeout, announce=_say)
+    _wait_warm(connection)
     print(
         f"kbd: daemon running for {paths.store} (pid {connection.welcome.pid}, "
         f"ready after {time.monotonic() - started:.1f}s, log {connection.welcome.log or 'stderr'})"
     )
     return 0
+
+
+def _wait_warm(connection: client.Connection) -> None:
+    """Wait until the daemon's first template is warm, so the next command starts at once."""
+    deadline = time.monotonic() + client.START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        status = connection.request(StatusRequest())
+        if isinstance(status, DaemonStatus) and status.templates:
+            return
+        time.sleep(0.1)
 
 
 def _say(text: str) -> None:

@@ -1,0 +1,196 @@
+"""The client side of running in a daemon: submit, follow, attach, cancel.
+
+Choice (documented in the README): `kbd run` and `kbd sweep` use the daemon of their store when
+one is running (the default), start one with `--daemon` (implied by `--detach`), and never use
+one with `--no-daemon`. Without a daemon they run in this process,
+exactly as before. A daemon of other code is never used silently: an idle one is replaced, a
+busy one is bypassed; either way the client says what differs.
+"""
+
+from __future__ import annotations
+
+import select
+import shlex
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import msgspec
+
+from kbd import catalog, commands, spec
+from kbd.daemon import client
+from kbd.daemon.client import Connection, DaemonError, DaemonLost
+from kbd.daemon.state import StatePaths
+from kbd.outcome import Record
+from kbd.progress import Progress
+from kbd.protocol import (
+    Accepted,
+    AttachRequest,
+    CancelRequest,
+    DaemonEvent,
+    Done,
+    KernelFinished,
+    KernelMemory,
+    KernelPhase,
+    KernelStarted,
+    Notice,
+    Refused,
+    SubmitRequest,
+    SweepEnded,
+)
+from kbd.spec import SweepSpec
+from kbd.store import Store, Sweep
+
+DEFAULT_DB = Path(".kbd") / "results.db"
+IDLE_TIMEOUT_S = 1800.0
+
+
+def store_path(args: Namespace) -> Path:
+    return Path(getattr(args, "db", None) or DEFAULT_DB)
+
+
+def run_or_sweep(args: Namespace, options: SweepSpec, resumed: Sweep | None) -> int | None:
+    """Run in the daemon and return the exit status; None: run in this process instead."""
+    paths = StatePaths.for_store(store_path(args))
+    mode = "yes" if getattr(args, "detach", False) else args.daemon
+    connection = _connection(paths, mode)
+    if connection is None:
+        return None
+    # resolve what depends on this shell (KBD_KERNELBENCH) before it crosses to the daemon
+    root = catalog.kernelbench_root(options.kernelbench)
+    options = msgspec.structs.replace(options, kernelbench=str(root.resolve()))
+    sweep = args.command == "sweep"
+    request = SubmitRequest(
+        spec=spec.encode(options),
+        sweep=sweep,
+        command=shlex.join(["kbd", *sys.argv[1:]]),
+        resume=resumed.id if resumed is not None else None,
+        log_dir=str(Path(args.log_dir).resolve()) if args.log_dir else None,
+        detach=getattr(args, "detach", False),
+    )
+    reply = connection.request(request)
+    if isinstance(reply, Refused):
+        print(f"kbd: error: {reply.message}", file=sys.stderr)
+        return reply.exit_status
+    assert isinstance(reply, Accepted)
+    if request.detach:
+        print(reply.sweep_id)
+        print(
+            f"kbd: sweep {reply.sweep_id} runs in the daemon (pid {connection.welcome.pid}): "
+            f"`kbd attach {reply.sweep_id}` follows it, `kbd cancel {reply.sweep_id}` stops it",
+            file=sys.stderr,
+        )
+        return 0
+    return follow(connection, args, reply)
+
+
+def _connection(paths: StatePaths, mode: str) -> Connection | None:
+    """The daemon to use, or None for in-process (mode auto and none running)."""
+    if mode == "yes":
+        return client.ensure(paths, idle_timeout=IDLE_TIMEOUT_S, announce=_say)
+    connection = client.connect(paths)
+    if connection is None:
+        return None
+    if connection.differences():
+        connection.close()
+        try:
+            return client.ensure(paths, idle_timeout=IDLE_TIMEOUT_S, announce=_say)
+        except DaemonError as exc:
+            _say(f"kbd: not using the daemon: {exc}; running in this process")
+            return None
+    return connection
+
+
+def follow(connection: Connection, args: Namespace, accepted: Accepted) -> int:
+    """Show a sweep's progress until it ends; Ctrl-C detaches (a `kbd run` is cancelled)."""
+    sweep_id = accepted.sweep_id
+    as_json = getattr(args, "json", False)
+    progress = Progress(total=accepted.total, live=sys.stderr.isatty() and not as_json)
+    records: list[Record] = []
+    started = time.monotonic()
+    try:
+        while True:
+            readable, _, _ = select.select([connection.sock], [], [], 0.5)
+            if not readable:
+                progress.render()
+                continue
+            event = connection.receive(DaemonEvent)
+            if isinstance(event, KernelStarted):
+                progress.started(event.kernel)
+            elif isinstance(event, KernelPhase):
+                progress.phase(event.kernel, event.phase)
+            elif isinstance(event, KernelMemory):
+                progress.memory(event.kernel, event.rss)
+            elif isinstance(event, KernelFinished):
+                record = msgspec.msgpack.decode(event.record, type=Record)
+                records.append(record)
+                commands.show(args, progress, record)
+            elif isinstance(event, Notice):
+                progress.notice(event.text)
+            elif isinstance(event, SweepEnded):
+                break
+    except KeyboardInterrupt:
+        progress.close()
+        if sweep_id is None:
+            print("kbd: interrupted; the run is cancelled", file=sys.stderr)
+        else:
+            print(
+                f"kbd: detached; sweep {sweep_id} continues in the daemon: "
+                f"`kbd attach {sweep_id}` follows it, `kbd cancel {sweep_id}` stops it",
+                file=sys.stderr,
+            )
+        return 130
+    except DaemonLost as exc:
+        progress.close()
+        print(f"kbd: {exc}", file=sys.stderr)
+        if sweep_id is not None:
+            print(
+                f"kbd: what finished is stored; continue with `kbd sweep --resume {sweep_id}`",
+                file=sys.stderr,
+            )
+        return 1
+    progress.close()
+    connection.close()
+    wall = event.wall_s if sweep_id is None else time.monotonic() - started
+    if sweep_id is not None:
+        store = Store(store_path(args))
+        kernels = store.sweep(sweep_id).kernels
+        records = commands.in_order(store.records(sweep_id), kernels)
+        wall = event.wall_s
+    return commands.report(args, records, wall, event.completed, sweep_id)
+
+
+def attach(args: Namespace) -> int:
+    """`kbd attach [ID]`: follow a sweep running in the daemon (never starts one)."""
+    paths = StatePaths.for_store(store_path(args))
+    connection = client.connect(paths)
+    if connection is None:
+        print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
+        return 1
+    reply = connection.request(AttachRequest(args.id))
+    if isinstance(reply, Refused):
+        print(f"kbd: {reply.message}", file=sys.stderr)
+        return reply.exit_status
+    assert isinstance(reply, Accepted)
+    print(f"kbd: following sweep {reply.sweep_id} (Ctrl-C detaches)", file=sys.stderr)
+    return follow(connection, args, reply)
+
+
+def cancel(args: Namespace) -> int:
+    """`kbd cancel ID [--kill]`."""
+    paths = StatePaths.for_store(store_path(args))
+    connection = client.connect(paths)
+    if connection is None:
+        print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
+        return 1
+    reply = connection.request(CancelRequest(args.id, kill=args.kill))
+    if isinstance(reply, Done):
+        print(f"kbd: {reply.message}", file=sys.stderr)
+        return 0
+    print(f"kbd: {reply.message}", file=sys.stderr)
+    return reply.exit_status
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
