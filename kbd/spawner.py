@@ -60,6 +60,7 @@ class Spawner:
         self._dead: str | None = None
         self._ready_message: Ready | None = None
         self._send_lock = anyio.Lock()
+        self.pid = 0  # the template's pid, once started
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -87,6 +88,7 @@ class Spawner:
                 start_new_session=True,
             )
         theirs.close()
+        spawner.pid = process.pid
         async with anyio.create_task_group() as group:
             group.start_soon(spawner._read_control)
             try:
@@ -102,10 +104,6 @@ class Spawner:
     def dead(self) -> str | None:
         """Why the template is gone, or None while it serves."""
         return self._dead
-
-    @property
-    def pid(self) -> int | None:
-        return self._ready_message.pid if self._ready_message else None
 
     async def spawn(self) -> Worker:
         """Fork a fresh worker; returns once its pid is known."""

@@ -139,6 +139,8 @@ class Daemon:
                 log.warning(
                     "closed the connection of pid %d: no Hello within %gs", pid, HELLO_TIMEOUT_S
                 )
+            except Exception:  # a kbd bug costs this connection, never the daemon
+                log.exception("closed the connection of pid %d after an internal error", pid)
             finally:
                 self.clients -= 1
                 self.last_active = time.monotonic()
