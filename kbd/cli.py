@@ -27,6 +27,7 @@ examples:
   kbd run --levels levels/ci.yaml level1/2_ level3/1_
   kbd sweep --smoke-test --levels levels/ci.yaml
   kbd sweep --smoke-test level1/ level2/ -j 2 --junit results.xml
+  kbd run --mode both --levels levels/ci.yaml   # import and torch.compile side by side
   kbd sweep --resume          # finish the latest sweep after an interruption
   kbd results --json          # the latest sweep's records as JSON Lines
   kbd doctor --strict         # is every limit and containment enforced on this machine?
@@ -77,6 +78,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="CPU feature whose schedules the finder tries, schedules/ARCH/NAME/FAMILY/DTYPE.yaml, "
         "in the order given (repeatable; default: this machine's /proc/cpuinfo flags, e.g. "
         "avx512f, avx2). Code for features the CPU lacks dies with SIGILL",
+    )
+    comp.add_argument(
+        "--mode",
+        choices=("import", "compile", "both"),
+        default="import",
+        help="import: torch.export of the whole forward into one MLIR function (default); "
+        "compile: torch.compile with kbd as the Dynamo backend, each captured subgraph through "
+        "MLIR and the rest in eager (coverage is recorded); both: each kernel both ways",
     )
     comp.add_argument("--seed", type=int, default=0, help="seed for torch and numpy (default 0)")
     comp.add_argument(

@@ -38,6 +38,7 @@ from kbd.spec import SweepSpec
 from kbd.store import Store, Sweep
 
 SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
+MODES = {"import": ("import",), "compile": ("compile",), "both": ("import", "compile")}
 SECONDS_PER_GFLOP = 2.0  # scalar-loop code; only used to order kernels never run before
 
 
@@ -58,12 +59,12 @@ def prepare(options: SweepSpec, store: Store | None, resumed: Sweep | None, comm
     plans = _plan(options, store)
     if options.shard is not None:
         plans = [p for p in plans if options.shard.contains(p.entry.name)]
-    kernels = [p.entry.name for p in plans]
+    kernels = list(dict.fromkeys(p.entry.name for p in plans))
     note = None
     sweep_id = None
     if resumed is not None:
-        finished = {r.kernel for r in store.records(resumed.id) if is_final(r.outcome)}
-        plans = [p for p in plans if p.entry.name not in finished]
+        finished = {r.key for r in store.records(resumed.id) if is_final(r.outcome)}
+        plans = [p for p in plans if (p.entry.name, p.job.mode) not in finished]
         sweep_id = resumed.id
         store.set_status(sweep_id, "running")
         note = f"kbd: resuming sweep {sweep_id}: {len(plans)} of {len(kernels)} kernels left"
@@ -71,7 +72,7 @@ def prepare(options: SweepSpec, store: Store | None, resumed: Sweep | None, comm
         sweep_id = store.create_sweep(
             command, spec.encode(options), kernels, _hash([p.job for p in plans])
         )
-    hashes = {p.entry.name: _hash(p.job) for p in plans}
+    hashes = {(p.entry.name, p.job.mode): _hash(p.job) for p in plans}
     return Prepared(options, plans, kernels, sweep_id, hashes, note)
 
 
@@ -113,12 +114,12 @@ def run_or_sweep(args: Namespace) -> int:
     def finished(record: Record) -> None:
         records.append(record)
         if store is not None:
-            store.add_attempt(sweep_id, hashes[record.kernel], record)
+            store.add_attempt(sweep_id, hashes[record.key], record)
         show(args, progress, record)
 
     def lost(record: Record) -> None:  # a cluster node was lost: not a verdict, runs again
-        store.add_attempt(sweep_id, hashes[record.kernel], record)
-        progress.running.pop(record.kernel, None)
+        store.add_attempt(sweep_id, hashes[record.key], record)
+        progress.running.pop(record.label, None)
         progress.notice(reports.line(record))
 
     hooks = Hooks(
@@ -246,7 +247,7 @@ def _plan(options: SweepSpec, store: Store | None):
     cache_dir = Path(options.cwd) / ".kbd" / import_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
-    for entry in entries:
+    for entry, mode in ((e, m) for e in entries for m in MODES[options.mode]):
         source = root / entry.kernel
         job = Job(
             kernel=entry.kernel,
@@ -268,10 +269,11 @@ def _plan(options: SweepSpec, store: Store | None):
                 require_sandbox=options.require_sandbox,
             ),
             bench=options.bench,
+            mode=mode,
         )
-        if options.import_cache:
+        if options.import_cache and mode == "import":
             job = import_cache.attach(job, cache_dir, import_cache.DEFAULT_MAX_BYTES)
-        previous = past.get(entry.name)
+        previous = past.get((entry.name, mode))
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
             memory = max(memory, previous.peak_rss_bytes)
@@ -336,7 +338,9 @@ def _sweep_id(text: str) -> int:
 
 def in_order(records: list[Record], kernels: list[str]) -> list[Record]:
     position = {k: i for i, k in enumerate(kernels)}
-    return sorted(records, key=lambda r: position.get(r.kernel, len(position)))
+    return sorted(
+        records, key=lambda r: (position.get(r.kernel, len(position)), r.mode != "import")
+    )
 
 
 def _default_log_dir(sweep_id: int | None) -> Path:

@@ -26,7 +26,7 @@ def show_results(args: Namespace) -> int:
     sweep = store.sweep(args.id)
     records = store.records(sweep.id)
     position = {k: i for i, k in enumerate(sweep.kernels)}
-    records.sort(key=lambda r: position.get(r.kernel, len(position)))
+    records.sort(key=lambda r: (position.get(r.kernel, len(position)), r.mode != "import"))
     if args.junit:
         reports.write_junit(records, Path(args.junit))
     if args.html:

@@ -34,7 +34,12 @@ FORMAT = "kbd-import-cache 1"
 DEFAULT_MAX_BYTES = 1 << 30
 DIRECTORY = "import-cache"  # under .kbd/
 # kbd code the imported module depends on (hashed into every key).
-_INGRESS_CODE = ("worker/ingress.py", "worker/decompositions.py", "worker/mlir.py")
+_INGRESS_CODE = (
+    "worker/ingress.py",
+    "worker/decompositions.py",
+    "worker/mlir.py",
+    "worker/state.py",
+)
 _KBD_DIR = Path(__file__).resolve().parent
 
 

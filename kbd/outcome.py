@@ -11,7 +11,7 @@ from kbd.bench.stats import Benchmark
 from kbd.catalog import Expectation
 from kbd.limits import format_size
 from kbd.outcomes import Outcome, is_failure
-from kbd.protocol import Result
+from kbd.protocol import Coverage, Mode, Result
 
 LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
 _LLVM_OOM = ("LLVM ERROR: out of memory", "Allocation failed", "std::bad_alloc")
@@ -21,6 +21,7 @@ class Record(msgspec.Struct, kw_only=True):
     """How one kernel ended: what `kbd run --json` prints and the store keeps."""
 
     kernel: str
+    mode: Mode = "import"
     outcome: Outcome
     phase: str
     signal: str | None = None
@@ -38,11 +39,28 @@ class Record(msgspec.Struct, kw_only=True):
     bench: Benchmark | None = None  # --benchmark figures of a kernel that passed
     not_benchmarked: str | None = None  # with --benchmark: why this kernel was not timed
     node: str | None = None  # the cluster node that ran it (`--cluster`); None = this machine
+    coverage: Coverage | None = None  # compile mode: subgraphs, graph breaks, eager ops
+    random_inputs: int = 0
+    state_writes: list[str] = []
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies a record in a run: the kernel and the mode it ran in."""
+        return self.kernel, self.mode
+
+    @property
+    def label(self) -> str:
+        """The kernel, with the mode when it is not the default."""
+        return label(self.kernel, self.mode)
 
     @property
     def failed(self) -> bool:
         """Does this record make the run fail (see the outcome table)?"""
         return is_failure(self.outcome)
+
+
+def label(kernel: str, mode: str) -> str:
+    return kernel if mode == "import" else f"{kernel} [{mode}]"
 
 
 class Death(msgspec.Struct, kw_only=True):

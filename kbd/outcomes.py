@@ -93,6 +93,14 @@ TABLE: tuple[OutcomeCode, ...] = (
         fingerprint_message=False,
     ),
     OutcomeCode(
+        name="eager",
+        meaning="compile mode: nothing was compiled, the whole forward ran in eager (its result "
+        "says nothing about MLIR); the message gives Dynamo's reasons",
+        failure=True,
+        junit="failure",
+        expectable=True,
+    ),
+    OutcomeCode(
         name="xpass",
         meaning="passed although its levels entry expects a failure",
         failure=True,

@@ -47,7 +47,7 @@ class Progress:
 
     def finished(self, record: Record, text: str | None) -> None:
         """Count a record; print `text` (its line) above the status block, if given."""
-        self.running.pop(record.kernel, None)
+        self.running.pop(record.label, None)
         self.done += 1
         self.tally[record.outcome] += 1
         self._clear()

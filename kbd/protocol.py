@@ -29,6 +29,8 @@ MAX_FRAME = 16 * 1024 * 1024
 MAX_CLIENT_FRAME = 1024 * 1024  # what a daemon accepts from a client
 _HEADER = struct.Struct(">I")
 
+Mode = Literal["import", "compile"]  # torch.export of the whole model, or torch.compile (Dynamo)
+
 
 class ProtocolError(Exception):
     """A peer sent something that is not a valid frame."""
@@ -123,6 +125,7 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     limits: Limits
     import_cache: ImportCache | None = None  # None: import without the cache
     bench: BenchOptions | None = None  # time the kernel after it passes
+    mode: Mode = "import"
 
 
 class Budget(msgspec.Struct, frozen=True):
@@ -173,6 +176,16 @@ class BenchSamples(msgspec.Struct, frozen=True):
     budget_hit: bool  # stopped by the time budget before the minimum time and samples
 
 
+class Coverage(msgspec.Struct, frozen=True):
+    """Compile mode: what went through MLIR and what Dynamo left to eager, for one forward."""
+
+    subgraphs: int  # graphs Dynamo handed to kbd's backend, each compiled through MLIR
+    graph_ops: int  # FX operations inside those graphs
+    graph_breaks: int  # times Dynamo stopped tracing (graph breaks and skipped frames)
+    break_reasons: list[str] = []  # first line of each distinct reason
+    eager_ops: dict[str, int] = {}  # aten ops that ran outside compiled graphs, by name
+
+
 class Result(msgspec.Struct, frozen=True, tag="result"):
     """How the kernel ended, as the worker saw it."""
 
@@ -186,6 +199,9 @@ class Result(msgspec.Struct, frozen=True, tag="result"):
     times: dict[str, float] = {}  # seconds per phase
     limits_enforced: dict[str, str] = {}
     bench: BenchSamples | None = None  # with --benchmark, for a kernel that passed
+    coverage: Coverage | None = None  # compile mode only
+    random_inputs: int = 0  # random ops in forward replaced by tensors drawn by eager
+    state_writes: list[str] = []  # buffers and inputs forward wrote, carried out
 
 
 class Imported(msgspec.Struct, frozen=True, tag="imported"):

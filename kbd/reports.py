@@ -22,6 +22,8 @@ def line(record: Record) -> str:
         detail.append(f"tol {record.passing_tolerance:g}")
     if record.signal:
         detail.append(record.signal)
+    if record.coverage is not None:
+        detail.append(coverage(record))
     if record.message and record.outcome != "pass":
         detail.append(record.message)
     if record.bench is not None:
@@ -31,8 +33,20 @@ def line(record: Record) -> str:
             f"{bench_summary.describe(record)}"
         )
     return (
-        f"{record.outcome.upper():<8} {record.kernel}  [{record.phase}]  {record.wall_s:.2f}s  "
+        f"{record.outcome.upper():<8} {record.label}  [{record.phase}]  {record.wall_s:.2f}s  "
         f"{format_size(record.peak_rss_bytes)}" + (f"  {'  '.join(detail)}" if detail else "")
+    )
+
+
+def coverage(record: Record) -> str:
+    """'2 graphs (14 ops), 1 break, 3 eager ops' for a compile-mode record."""
+    c = record.coverage
+    if c is None:
+        return ""
+    eager = sum(c.eager_ops.values())
+    return (
+        f"{c.subgraphs} graph{'s' * (c.subgraphs != 1)} ({c.graph_ops} ops), "
+        f"{c.graph_breaks} break{'s' * (c.graph_breaks != 1)}, {eager} eager op{'s' * (eager != 1)}"
     )
 
 
@@ -46,17 +60,27 @@ def counts(records: list[Record]) -> str:
 
 def summary(records: list[Record], wall_s: float | None = None) -> str:
     """The end-of-run table: counts per outcome, then every kernel that did not pass."""
+    modes = sorted({r.mode for r in records}, key=lambda m: m != "import")
     lines = [f"{len(records)} kernels: {counts(records) or 'none run'}"]
+    if len(modes) > 1:
+        lines[0] = f"{len(records)} runs: {counts(records)}"
+        for mode in modes:
+            lines.append(f"  {mode}: {counts([r for r in records if r.mode == mode])}")
     if wall_s is not None:
         lines[0] += f" in {wall_s:.1f}s"
+    compiled = [r for r in records if r.coverage is not None]
+    if compiled:
+        lines.append(compile_coverage(compiled))
+    if len(modes) > 1:
+        lines += ["", *side_by_side(records, modes)]
     others = [r for r in records if r.outcome != "pass"]
     if others:
-        width = max(len(r.kernel) for r in others)
+        width = max(len(r.label) for r in others)
         lines.append("")
         lines.append(f"{'outcome':<9}{'kernel':<{width + 2}}{'phase':<28}message")
-        for r in sorted(others, key=lambda r: (sort_key(r.outcome), r.kernel)):
+        for r in sorted(others, key=lambda r: (sort_key(r.outcome), r.key)):
             message = r.message if not r.signal else f"{r.signal}: {r.message}"
-            lines.append(f"{r.outcome:<9}{r.kernel:<{width + 2}}{r.phase:<28}{message[:160]}")
+            lines.append(f"{r.outcome:<9}{r.label:<{width + 2}}{r.phase:<28}{message[:160]}")
     uncontained = containment.summary_lines(records)
     if uncontained:
         lines += ["", *uncontained]
@@ -64,6 +88,37 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
         lines.append("")
         lines.append(bench_summary.table(records))
     return "\n".join(lines)
+
+
+def compile_coverage(records: list[Record]) -> str:
+    """One line on how much of the compile-mode forwards went through MLIR."""
+    full = sum(1 for r in records if r.coverage.subgraphs and not r.coverage.eager_ops)
+    partial = sum(1 for r in records if r.coverage.subgraphs and r.coverage.eager_ops)
+    none = sum(1 for r in records if not r.coverage.subgraphs)
+    graphs = sum(r.coverage.subgraphs for r in records)
+    breaks = sum(r.coverage.graph_breaks for r in records)
+    return (
+        f"compile coverage: {full} fully compiled, {partial} with ops left to eager, "
+        f"{none} nothing compiled; {graphs} graphs, {breaks} graph breaks"
+    )
+
+
+def side_by_side(records: list[Record], modes: list[str]) -> list[str]:
+    """One row per kernel, one column per mode: outcome (and coverage in compile mode)."""
+    by_key = {r.key: r for r in records}
+    kernels = list(dict.fromkeys(r.kernel for r in records))
+    width = max(len(k) for k in kernels)
+    rows = [f"{'kernel':<{width + 2}}" + "".join(f"{m:<44}" for m in modes).rstrip()]
+    for kernel in kernels:
+        cells = []
+        for mode in modes:
+            r = by_key.get((kernel, mode))
+            cell = "-" if r is None else r.outcome
+            if r is not None and r.coverage is not None:
+                cell += f" ({coverage(r)})"
+            cells.append(f"{cell:<44}")
+        rows.append(f"{kernel:<{width + 2}}" + "".join(cells).rstrip())
+    return rows
 
 
 def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
@@ -81,7 +136,7 @@ def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
         time=f"{sum(r.wall_s for r in records):.3f}",
     )
     for r in records:
-        level, _, name = r.kernel.partition("/")
+        level, _, name = r.label.partition("/")
         case = ET.SubElement(
             suite_el, "testcase", classname=f"kbd.{level}", name=name, time=f"{r.wall_s:.3f}"
         )

@@ -24,7 +24,7 @@ from kbd import containment, import_cache, protocol
 from kbd.bench import stats
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
-from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect
+from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect, label
 from kbd.protocol import Generated, Imported, Job, Phase, Result, Task, WorkerMessage
 from kbd.spawner import Spawner, Worker
 
@@ -78,7 +78,7 @@ async def run_kernel(
     on_memory: Callable[[str, int], None] = lambda kernel, rss: None,
 ) -> Record:
     """Run `job` in a new worker, with its own scratch folder, and return its classified record."""
-    with containment.scratch_folder(entry.name) as scratch:
+    with containment.scratch_folder(label(entry.name, job.mode)) as scratch:
         limits = msgspec.structs.replace(job.limits, scratch=str(scratch))
         job = msgspec.structs.replace(job, limits=limits)
         return await _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory)
@@ -89,7 +89,7 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
     state = await run_in_worker(
         spawner,
         job,
-        name=entry.name,
+        name=label(entry.name, job.mode),
         mem_limit=job.limits.mem_limit,
         timeout=timeout,
         log_path=log_path,
@@ -303,6 +303,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         not_benchmarked = f"did not pass ({final} in {phase})"
     return Record(
         kernel=entry.name,
+        mode=job.mode,
         outcome=final,
         phase=phase,
         signal=sig,
@@ -319,6 +320,9 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         import_cache=_cache_use(job, state),
         bench=bench,
         not_benchmarked=not_benchmarked,
+        coverage=result.coverage if result else None,
+        random_inputs=result.random_inputs if result else 0,
+        state_writes=list(result.state_writes) if result else [],
     )
 
 

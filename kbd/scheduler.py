@@ -17,7 +17,7 @@ import msgspec
 
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
-from kbd.outcome import Record
+from kbd.outcome import Record, label
 from kbd.protocol import Job
 from kbd.runner import run_kernel
 from kbd.spawner import Spawner, TemplateError
@@ -31,6 +31,10 @@ class Planned:
     job: Job
     memory: int  # predicted peak bytes
     expected_s: float  # predicted wall time, for ordering
+
+    @property
+    def label(self) -> str:
+        return label(self.entry.name, self.job.mode)
 
 
 @dataclass
@@ -166,7 +170,7 @@ async def execute(
     async def run_one(plan: Planned, cores: tuple[int, ...]) -> None:
         nonlocal running, one_ended
         try:
-            hooks.started(plan.entry.name)
+            hooks.started(plan.label)
             record = await run_plan(
                 spawner, plan, cores, timeout=timeout, log_dir=log_dir, hooks=hooks, run=run
             )
@@ -243,7 +247,7 @@ async def run_plan(
             plan.entry,
             job,
             timeout=timeout,
-            log_path=log_dir / (plan.entry.name.replace("/", "__") + ".log"),
+            log_path=log_dir / (plan.label.replace("/", "__").replace(" ", "") + ".log"),
             on_phase=hooks.phase,
             on_memory=hooks.memory,
         )
@@ -252,6 +256,7 @@ async def run_plan(
             raise  # no worker can start any more: the command ends
         return Record(  # a kbd bug must not end the sweep: record it
             kernel=plan.entry.name,
+            mode=plan.job.mode,
             outcome="error",
             phase="supervisor",
             message=f"kbd internal error: {exc!r}",
@@ -293,6 +298,7 @@ def skipped(plan: Planned, reason: str) -> Record:
     message = f"needs about {format_size(plan.memory)}, {reason}"
     return Record(
         kernel=plan.entry.name,
+        mode=plan.job.mode,
         outcome="skipped",
         phase="schedule",
         message=message,

@@ -64,6 +64,9 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
     opt_level: int = 3  # LLVM optimisation level of the JIT
     import_cache: bool = True  # reuse imported MLIR from <cwd>/.kbd/import-cache
+    # import: torch.export of the whole forward; compile: torch.compile with kbd's Dynamo
+    # backend; both: each kernel both ways (two records, keyed by kernel and mode)
+    mode: Literal["import", "compile", "both"] = "import"
     # workers and limits
     jobs: int | None = None  # parallel workers; None = one per usable core
     timeout: float = 600.0  # seconds per kernel
@@ -132,6 +135,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         max_tolerance=args.max_tolerance,
         opt_level=_opt_level(args),
         import_cache=not args.no_import_cache,
+        mode=args.mode,
         jobs=args.jobs,
         timeout=args.timeout,
         mem_limit=_optional_size(args.mem_limit, "--mem-limit"),

@@ -129,7 +129,7 @@ class Store:
         return [_sweep(r) for r in self._db.execute("SELECT * FROM sweeps ORDER BY id")]
 
     def records(self, sweep_id: int) -> list[Record]:
-        """The final record of each kernel of a sweep (the latest attempt wins)."""
+        """The final record of each kernel and mode of a sweep (the latest attempt wins)."""
         rows = self._db.execute(
             "SELECT record FROM attempts WHERE sweep_id = ? ORDER BY id", (sweep_id,)
         )
@@ -144,8 +144,9 @@ class Store:
         )
         return dict(rows.fetchall())
 
-    def past(self) -> dict[str, Record]:
-        """The latest record of every kernel ever run (for ordering and memory prediction)."""
+    def past(self) -> dict[tuple[str, str], Record]:
+        """The latest record of every (kernel, mode) ever run (for ordering and memory
+        prediction)."""
         return _latest(self._db.execute("SELECT record FROM attempts ORDER BY id"))
 
 
@@ -163,10 +164,11 @@ def _sweep(row) -> Sweep:
     )
 
 
-def _latest(rows) -> dict[str, Record]:
-    """kernel -> record of its last attempt, from rows of JSON records in attempt order."""
-    latest: dict[str, Record] = {}
+def _latest(rows) -> dict[tuple[str, str], Record]:
+    """(kernel, mode) -> record of its last attempt, from rows of JSON records in attempt
+    order."""
+    latest: dict[tuple[str, str], Record] = {}
     for (text,) in rows:
         record = msgspec.json.decode(text, type=Record)
-        latest[record.kernel] = record
+        latest[record.key] = record
     return latest

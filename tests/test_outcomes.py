@@ -32,7 +32,7 @@ def test_readme_lists_every_outcome_in_table_order_with_its_meaning():
 
 
 def test_expectable_outcomes_are_failures_and_never_correct():
-    assert EXPECTABLE == ("mismatch", "error", "crash", "timeout", "memory")
+    assert EXPECTABLE == ("mismatch", "error", "crash", "timeout", "memory", "eager")
     for name in EXPECTABLE:
         assert CODES[name].failure and not CODES[name].correct
 

@@ -103,10 +103,10 @@ def test_past_is_latest_of_every_kernel(store):
     store.add_attempt(first, "h", rec("b.py", "crash"))
     store.add_attempt(second, "h", rec("a.py", "memory", peak_rss_bytes=900))
     past = store.past()
-    assert set(past) == {"a.py", "b.py"}
-    assert past["a.py"].outcome == "memory"
-    assert past["a.py"].peak_rss_bytes == 900
-    assert past["b.py"].outcome == "crash"
+    assert set(past) == {("a.py", "import"), ("b.py", "import")}
+    assert past["a.py", "import"].outcome == "memory"
+    assert past["a.py", "import"].peak_rss_bytes == 900
+    assert past["b.py", "import"].outcome == "crash"
 
 
 def test_attempt_columns(store):

@@ -224,7 +224,7 @@ async def _feed(node: _Node, queue: _Queue, stopping, lost, options, hooks) -> N
 
 
 async def _run_on(node: _Node, plan: Planned, queue: _Queue, lost, options, hooks) -> None:
-    name = plan.entry.name
+    name = plan.label
     dispatch = Dispatch(entry=plan.entry, job=plan.job, memory=plan.memory, timeout=options.timeout)
     accepted, phase, started = False, "start", time.monotonic()
     hooks.started(name)
@@ -250,7 +250,8 @@ async def _run_on(node: _Node, plan: Planned, queue: _Queue, lost, options, hook
             return
         hooks.lost(
             Record(
-                kernel=name,
+                kernel=plan.entry.name,
+                mode=plan.job.mode,
                 outcome="lost",
                 phase=phase,
                 message=f"the kbd agent on {node.info.node} was lost while running it "
@@ -279,6 +280,7 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
     outcome, note = expect("crash", phase, message, plan.entry.xfail)
     return Record(
         kernel=plan.entry.name,
+        mode=plan.job.mode,
         outcome=outcome,
         phase=phase,
         message=f"{message} [{note}]" if note else message,

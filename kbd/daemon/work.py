@@ -300,10 +300,10 @@ class Work:
             active.broadcast(KernelMemory(kernel, rss))
 
         def finished(record: Record) -> None:
-            active.running.pop(record.kernel, None)
-            self._rss.pop((active.key, record.kernel), None)
+            active.running.pop(record.label, None)
+            self._rss.pop((active.key, record.label), None)
             if store is not None:
-                store.add_attempt(active.sweep_id, active.prepared.hashes[record.kernel], record)
+                store.add_attempt(active.sweep_id, active.prepared.hashes[record.key], record)
             raw = msgspec.Raw(msgspec.msgpack.encode(record))
             active.finished.append(active.broadcast(KernelFinished(raw)))
 

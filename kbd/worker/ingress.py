@@ -147,8 +147,13 @@ def reference(model: torch.nn.Module, args: list) -> list[np.ndarray]:
     cloned = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     with torch.no_grad():
         out = model(*cloned)
-    outputs = out if isinstance(out, tuple | list) else [out]
-    return [to_numpy(torch.as_tensor(o)) for o in outputs]
+    return outputs(out)
+
+
+def outputs(out) -> list[np.ndarray]:
+    """A forward's result (a tensor, a scalar or a tuple of them) as numpy arrays."""
+    values = out if isinstance(out, tuple | list) else [out]
+    return [to_numpy(torch.as_tensor(o)) for o in values]
 
 
 class _ScalarsBound(torch.nn.Module):

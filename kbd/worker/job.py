@@ -1,4 +1,6 @@
-"""Run one kernel: load, reference, import, pipeline, jit, run, check (and bench, when asked).
+"""Run one kernel: load, reference, import, pipeline, jit, run, check, and bench when asked
+(import mode), or load, reference, compile (Dynamo, with import, pipeline and jit per
+subgraph), run, check (compile mode).
 
 Each step is announced with a phase heartbeat *before* it starts, so a worker that dies or hangs
 is pinned to the step it was in. Python exceptions become `error` results (or `memory` when an
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 
 from kbd.protocol import Imported, Job, Result
-from kbd.worker import bench, cached_import, check, ingress, mlir, runtime
+from kbd.worker import bench, cached_import, check, ingress, mlir, runtime, state
 
 _MEMORY_MARKERS = ("can't allocate memory", "out of memory", "unable to allocate", "bad_alloc")
 
@@ -72,15 +74,25 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
             inputs = ingress.buffers_from_args(args)
         else:
             args, inputs = ingress.make_inputs(job.inputs, job.seed)
+        state.register_tensor_attributes(model)
     with step("reference"):
-        expected = ingress.reference(model, args)
+        eager = _Eager.run(model, args)
+    if job.mode == "compile":
+        return _run_compile(job, step, model, args, eager, limits_enforced)
+    eager_model, eager_args = model, args  # what --benchmark times eager with
     with step("import"):
+        if eager.random:  # random ops in forward take eager's draws as extra inputs
+            model = state.RandomAsInputs(model, len(eager.random))
+            args = [*args, *eager.random]
+            inputs = [*inputs, *ingress.buffers_from_args(eager.random)]
         lifted, lifted_args = ingress.lift_parameters(*ingress.bind_scalars(model, args))
         weights = ingress.buffers_from_args(lifted_args[: len(lifted_args) - len(inputs)])
+        names = [*getattr(lifted, "names", [])[: len(weights)], *_input_names(len(inputs))]
         inputs = [*weights, *inputs]
         module = cached_import.import_module(job, lifted, lifted_args, send)
+        mutated = mlir.mutated_inputs(module)
         out_types, in_types = mlir.results_to_out_params(module)
-        _check_signature(job, out_types, in_types, expected, inputs)
+        _check_signature(job, out_types[len(mutated) :], in_types, eager.expected, inputs)
     for stage in job.stages:
         with step(f"pipeline:{stage.name}"):
             mlir.apply_stage(module, stage)
@@ -91,17 +103,109 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     with step("run"):
         compiled([*outputs, *inputs])
+        for j, i in enumerate(mutated):  # state the forward wrote: carried out on our copy
+            np.copyto(inputs[i], outputs[j])
+    return _checked(
+        job,
+        step,
+        eager.expected,
+        outputs[len(mutated) :],
+        limits_enforced,
+        measure=lambda: bench.measure(
+            compiled.timer([*outputs, *inputs]),
+            compiled.timer([*outputs, *inputs], noop=True),
+            eager_model,
+            eager_args,
+            job.bench,
+        ),
+        random_inputs=len(eager.random),
+        state_writes=[names[i] for i in mutated],
+    )
+
+
+def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enforced) -> Result:
+    """Compile mode: torch.compile with kbd's Dynamo backend, one forward to compile and one,
+    profiled, whose outputs are checked. Both start from eager's RNG and buffer state."""
+    from kbd.worker import dynamo  # imported here: import mode never pays for it
+
+    dynamo.configure()
+    backend = dynamo.Backend(job.stages, job.opt_level, step)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    step("compile")
+    start, inner = time.perf_counter(), sum(step.times.values())
+    try:
+        with torch.no_grad():
+            compiled(*eager.fresh_args(model, args))
+    except Exception as exc:
+        raise (backend.error or exc) from None  # the real error, not Dynamo's wrapper
+    step.times["compile"] = time.perf_counter() - start - (sum(step.times.values()) - inner)
+    subgraphs = len(backend.graph_ops)
+    with step("run"):
+        fresh = eager.fresh_args(model, args)
+        with (
+            torch.no_grad(),
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile,
+        ):
+            out = compiled(*fresh)
+        if len(backend.graph_ops) != subgraphs:
+            raise RuntimeError(
+                "Dynamo recompiled the forward on its second call with the same inputs"
+            )
+    coverage = dynamo.coverage(backend, dynamo.eager_ops(profile))
+    extra = dict(
+        coverage=coverage, random_inputs=backend.random_inputs, state_writes=backend.state_writes
+    )
+    if coverage.subgraphs == 0:
+        reasons = "; ".join(coverage.break_reasons) or "Dynamo captured no graph"
+        return Result(
+            outcome="eager",
+            phase="compile",
+            message=f"nothing compiled: the whole forward ran in eager ({reasons})",
+            times=step.times,
+            limits_enforced=limits_enforced,
+            **extra,
+        )
+    return _checked(job, step, eager.expected, ingress.outputs(out), limits_enforced, **extra)
+
+
+class _Eager:
+    """The eager reference and the state it started from, to start compiled code alike."""
+
+    def __init__(self, expected, random, rng_state, buffers):
+        self.expected = expected
+        self.random = random
+        self.rng_state = rng_state
+        self.buffers = buffers
+
+    @classmethod
+    def run(cls, model, args) -> _Eager:
+        buffers = state.snapshot_buffers(model)
+        rng_state = torch.get_rng_state()
+        with state.RecordRandom() as recorder:
+            expected = ingress.reference(model, args)
+        state.restore_buffers(model, buffers)
+        return cls(expected, recorder.draws, rng_state, buffers)
+
+    def fresh_args(self, model, args) -> list:
+        """Arguments for one more call, with the buffers and RNG state eager started with."""
+        cloned = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        state.restore_buffers(model, self.buffers)
+        torch.set_rng_state(self.rng_state)
+        return cloned
+
+
+def _checked(
+    job: Job, step: _Step, expected, outputs, limits_enforced, measure=None, **extra
+) -> Result:
+    """Compare with eager; with --benchmark, time a passing kernel with `measure()`."""
     with step("check"):
         result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
     samples = None
     phase = "check"
-    if result.passed and job.bench is not None:
+    if result.passed and job.bench is not None and measure is not None:
         phase = "bench"
         with step("bench"):
-            buffers = [*outputs, *inputs]
-            samples = bench.measure(
-                compiled.timer(buffers), compiled.timer(buffers, noop=True), model, args, job.bench
-            )
+            samples = measure()
             # Validation stays on: the outputs the timing loop left behind must still match.
             result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
             if not result.passed:
@@ -119,7 +223,12 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         times=step.times,
         limits_enforced=limits_enforced,
         bench=samples,
+        **extra,
     )
+
+
+def _input_names(count: int) -> list[str]:
+    return [f"input {i}" for i in range(count)]
 
 
 def _check_signature(job: Job, out_types, in_types, expected, inputs) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
 from torch_mlir import fx, ir, passmanager
 from torch_mlir.dialects import bufferization, func
 from torch_mlir.dialects.transform import interpreter
@@ -39,13 +41,46 @@ class BufferType:
     dtype: str
 
 
+MUTATED_INPUTS = "kbd.mutated_inputs"  # module attribute: positions of inputs the entry writes
+
+
 def import_model(model, args: Sequence) -> ir.Module:
     """Import a torch module into MLIR (linalg-on-tensors) with torch-mlir's FX importer,
     applying torch-mlir's decompositions plus kbd's (see kbd.worker.decompositions)."""
+    return import_program(torch.export.export(model, tuple(args), strict=False))
+
+
+def import_program(program: torch.export.ExportedProgram) -> ir.Module:
+    """Import an exported program with kbd's decompositions.
+
+    torch.export functionalizes: an input (or lifted buffer) written in place becomes an extra
+    leading result of the function, which callers must write back or report, never drop. The
+    positions of those inputs are kept in the module (see `mutated_inputs`), so they survive
+    the import cache's text round trip.
+    """
     table = {**get_decomposition_table(), **decompositions.TABLE}
-    return fx.export_and_import(
-        model, *args, output_type="linalg-on-tensors", decomposition_table=table
-    )
+    program = program.run_decompositions(table)
+    signature = program.graph_signature
+    user_inputs = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
+    mutated = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            mutated.append(user_inputs.index(spec.target))
+        elif spec.kind != OutputKind.USER_OUTPUT:
+            raise ValueError(f"unsupported output of the exported program: {spec.kind.name}")
+    module = fx.export_and_import(program, output_type="linalg-on-tensors", decomposition_table={})
+    with module.context:
+        module.operation.attributes[MUTATED_INPUTS] = ir.DenseI64ArrayAttr.get(mutated)
+    return module
+
+
+def mutated_inputs(module: ir.Module) -> tuple[int, ...]:
+    """Positions (among the tensor arguments of @main) of the inputs it writes; its first
+    `len(...)` results are their new values, in this order."""
+    attributes = module.operation.attributes
+    if MUTATED_INPUTS not in attributes:
+        return ()
+    return tuple(ir.DenseI64ArrayAttr(attributes[MUTATED_INPUTS]))
 
 
 def module_text(module: ir.Module) -> str:
