@@ -194,19 +194,6 @@ def test_cluster_without_ray_installed(tmp_path):
     assert "no sweep recorded yet" in kbd("results", cwd=tmp_path).stderr
 
 
-def test_a_kernel_over_its_mem_limit_is_skipped_before_a_worker_starts(tmp_path):
-    levels = tmp_path / "huge.yaml"
-    levels.write_text("- kernel: level1/2_relu_scale.py\n  input_shapes: [100000x100000, 2.0]\n"
-                      "  initializations: [rnd, scalar]\n")  # fmt: skip
-    args = ("--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "--json")
-    result = kbd("run", *args, "--mem-limit", "1GiB", "--log-dir", str(tmp_path / "logs"),
-                 cwd=tmp_path)  # fmt: skip
-    record = json_records(result.stdout)["level1/2_relu_scale"]
-    assert (record["outcome"], record["phase"]) == ("skipped", "schedule")
-    assert record["message"] == "needs about 149.7 GiB, more than --mem-limit 1.0 GiB allows"
-    assert not (tmp_path / "logs" / "level1__2_relu_scale.log").exists()  # no worker started
-
-
 def test_mem_limit_below_a_workers_base_need_is_a_usage_error(tmp_path):
     result = kbd("run", *fixture_args("level1/1_", "--mem-limit", "1KiB"), cwd=tmp_path)
     assert result.returncode == 2

@@ -325,14 +325,24 @@ def test_generate_runs_each_problem_in_a_sandboxed_worker(kb: Path, tmp_path: Pa
     (hang / "9_hang.py").write_text(HEADER + HANG)
     levels = tmp_path / "levels"
     args = ("levels", "generate", "--kernelbench", str(hang.parent), "--levels-dir", str(levels))
-    result = kbd(*args, "--timeout", "3", "--log-dir", str(tmp_path / "logs"), cwd=tmp_path)
+    result = kbd(*args, "--timeout", "1", "--log-dir", str(tmp_path / "logs"), cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "level1/9_hang.py: timeout in load" in result.stderr
     entries = {e.kernel: e for e in catalog.load_file(levels / "level1.yaml")}
     assert sorted(entries) == ["level1/2_CrossEntropy.py", "level1/3_Small_scale.py"]
-    check = kbd(*args, "--check", "--only", "level1/3_", cwd=tmp_path)
-    assert check.returncode == 0, check.stderr
-    assert "0 file(s) out of date" in check.stdout
+
+
+def test_update_files_writes_only_changes_and_check_writes_nothing(tmp_path: Path):
+    same, new = tmp_path / "level1.yaml", tmp_path / "sub" / "level2.yaml"
+    text = "- kernel: level1/1_K.py\n"
+    same.write_text(text)
+    texts = {same: text, new: "- kernel: level2/1_K.py\n"}
+    assert generate.update_files(texts, check=True) == [new] and not new.exists()
+    assert generate.update_files(texts, check=False) == [new] and new.read_text() == texts[new]
+    assert generate.update_files(texts, check=True) == []
+    with pytest.raises(catalog.InputError, match="unknown field 'colour'"):
+        generate.update_files({same: "- kernel: level1/1_K.py\n  colour: red\n"}, check=False)
+    assert same.read_text() == text  # refused by the catalog: not written
 
 
 def test_check_passes_on_the_repository(capsys):

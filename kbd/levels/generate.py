@@ -61,19 +61,14 @@ def run(args: Namespace) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else Path(".kbd") / "logs" / "levels-generate"
     results = anyio.run(_measure_all, tasks, args.jobs, args.timeout, log_dir)
     by_kernel = {r.kernel: r for r in results}
-    changed = []
-    for level, level_kernels in kernels.items():
-        if not any(k in by_kernel for k in level_kernels):
-            continue
-        path = directory / f"{level}.yaml"
-        text = assemble(tier, level, level_kernels, by_kernel, overrides, path)
-        catalog.load_text(text, path)  # never write a file the catalog would refuse
-        if not path.exists() or path.read_text() != text:
-            changed.append(path)
-            if not args.check:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-                print(f"wrote {path}")
+    texts = {
+        directory / f"{level}.yaml": assemble(
+            tier, level, level_kernels, by_kernel, overrides, directory / f"{level}.yaml"
+        )
+        for level, level_kernels in kernels.items()
+        if any(k in by_kernel for k in level_kernels)
+    }
+    changed = update_files(texts, check=args.check)
     failed = [r for r in results if r.generated is None]
     for r in failed:
         print(f"kbd levels generate: {r.kernel}: {r.failure} (old entry kept)", file=sys.stderr)
@@ -85,6 +80,21 @@ def run(args: Namespace) -> int:
         f"{len(changed)} file(s) {'out of date' if args.check else 'changed'}"
     )
     return 1 if failed or (args.check and changed) else 0
+
+
+def update_files(texts: dict[Path, str], *, check: bool) -> list[Path]:
+    """Write each file whose text changed (none with `check`); returns the changed ones.
+
+    Every text is validated by the catalog first: a file it would refuse is never written."""
+    for path, text in texts.items():
+        catalog.load_text(text, path)
+    changed = [p for p, text in texts.items() if not p.exists() or p.read_text() != text]
+    if not check:
+        for path in changed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(texts[path])
+            print(f"wrote {path}")
+    return changed
 
 
 def load_overrides(path: Path) -> dict[str, dict]:
