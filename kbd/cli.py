@@ -30,6 +30,8 @@ examples:
   kbd run --mode both --levels levels/ci.yaml   # import and torch.compile side by side
   kbd sweep --resume          # finish the latest sweep after an interruption
   kbd results --json          # the latest sweep's records as JSON Lines
+  kbd run --levels levels/ci.yaml level1/2_ --print-mlir-after-all --dump-assembly
+  kbd replay .kbd/logs/run-*/level1__2_*.bundle   # rerun a failing pipeline stage
   kbd doctor --strict         # is every limit and containment enforced on this machine?
   kbd levels check            # validate every levels file
 """
@@ -113,6 +115,45 @@ def _common(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="import every kernel afresh; neither read nor write the import cache "
         "(.kbd/import-cache, imported MLIR by content address)",
+    )
+    see = parser.add_argument_group(
+        "seeing inside the pipeline",
+        "IR goes into each kernel's log (.kbd/logs/<run>/<kernel>.log) unless --print-to names "
+        "a file or folder; object and assembly files go next to the log (<kernel>.o, "
+        "<kernel>.s). A kernel that fails in a pipeline stage gets a reproducer bundle next to "
+        "its log (<kernel>.bundle/); `kbd replay BUNDLE` reruns that stage.",
+    )
+    see.add_argument(
+        "--print-mlir-after-all",
+        action="store_true",
+        help="print the module after every pass and every transform script",
+    )
+    see.add_argument(
+        "--print-original-module",
+        action="store_true",
+        help="print the module given to the pipeline (as imported)",
+    )
+    see.add_argument(
+        "--print-optimized-module",
+        action="store_true",
+        help="print the module the pipeline produced (what the JIT compiles)",
+    )
+    see.add_argument(
+        "--print-to",
+        metavar="PATH",
+        help="write printed IR to PATH instead of the log: a file when one kernel runs, else a "
+        "folder (also when PATH ends with / or is a folder) holding <kernel>.mlir per kernel",
+    )
+    see.add_argument(
+        "--object-file",
+        action="store_true",
+        help="write the JIT's machine code as an ELF object, <kernel>.o next to the log",
+    )
+    see.add_argument(
+        "--dump-assembly",
+        action="store_true",
+        help="also disassemble it into <kernel>.s next to the log (objdump -d -r, else "
+        "llvm-objdump)",
     )
     bench = parser.add_argument_group("benchmarking")
     bench.add_argument(
@@ -352,6 +393,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _db_option(sweeps)
 
+    replay = sub.add_parser(
+        "replay",
+        help="rerun the failing pipeline stage of a reproducer bundle",
+        description="Rerun exactly the stage a reproducer bundle holds (written next to a "
+        "kernel's log when it fails in a pipeline stage: <kernel>.bundle/) on the IR before it, "
+        "in a sandboxed worker as in a sweep (memory cap, one pinned core, timeout), and print "
+        "how it ends beside the original failure. Exit status: 1 when the stage fails (the same "
+        "way or not), 0 when it now passes, 2 for a bad bundle.",
+    )
+    replay.add_argument("bundle", metavar="BUNDLE", help="the bundle folder")
+    replay.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="wall-time limit of the worker (default 600)",
+    )
+    replay.add_argument(
+        "--mem-limit",
+        metavar="SIZE",
+        default=spec.DEFAULT_MEM_LIMIT,
+        help="memory cap of the worker (default 4GiB; 'none' to disable)",
+    )
+    replay.add_argument(
+        "--log-dir", metavar="DIR", help="where the worker's log goes (default .kbd/logs/replay-*)"
+    )
+
     doctor = sub.add_parser(
         "doctor",
         help="check which enforcement (limits, containment) works on this machine",
@@ -431,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
             from kbd import commands
 
             return commands.run_or_sweep(args)
+        if args.command == "replay":
+            from kbd import replay
+
+            return replay.main(args)
         if args.command == "doctor":
             from kbd import doctor
 

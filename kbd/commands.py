@@ -20,6 +20,7 @@ from kbd import (
     cluster,
     containment,
     descriptor,
+    dumps,
     import_cache,
     limits,
     reports,
@@ -28,10 +29,10 @@ from kbd import (
 )
 from kbd.catalog import Entry
 from kbd.errors import ClusterError, InputError
-from kbd.outcome import Record
+from kbd.outcome import Record, label
 from kbd.outcomes import is_final
 from kbd.progress import Progress
-from kbd.protocol import Job, Limits, Stage
+from kbd.protocol import Inspect, Job, Limits, Stage
 from kbd.scheduler import Hooks, Planned
 from kbd.spawner import Spawner, TemplateError
 from kbd.spec import SweepSpec
@@ -247,6 +248,7 @@ def _plan(options: SweepSpec, store: Store | None):
     cache_dir = Path(options.cwd) / ".kbd" / import_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
+    single = len(entries) * len(MODES[options.mode]) == 1  # --print-to then names a file
     for entry, mode in ((e, m) for e in entries for m in MODES[options.mode]):
         source = root / entry.kernel
         job = Job(
@@ -270,6 +272,7 @@ def _plan(options: SweepSpec, store: Store | None):
             ),
             bench=options.bench,
             mode=mode,
+            inspect=dumps.inspect_for(options, label(entry.name, mode), single),
         )
         if options.import_cache and mode == "import":
             job = import_cache.attach(job, cache_dir, import_cache.DEFAULT_MAX_BYTES)
@@ -317,7 +320,7 @@ def _hash(value) -> str:
     for name in ("torch", "torch-mlir"):
         digest.update(f"{name}={_version(name)}".encode())
     for job in jobs:
-        bare = msgspec.structs.replace(job, limits=Limits(), import_cache=None)
+        bare = msgspec.structs.replace(job, limits=Limits(), import_cache=None, inspect=Inspect())
         digest.update(msgspec.msgpack.encode(bare))
     return digest.hexdigest()[:16]
 

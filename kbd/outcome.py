@@ -42,6 +42,8 @@ class Record(msgspec.Struct, kw_only=True):
     coverage: Coverage | None = None  # compile mode: subgraphs, graph breaks, eager ops
     random_inputs: int = 0
     state_writes: list[str] = []
+    bundle: str | None = None  # reproducer bundle of a failing pipeline stage (`kbd replay`)
+    dumps: dict[str, str] = {}  # what --print-to/--object-file/--dump-assembly wrote: kind -> path
 
     @property
     def key(self) -> tuple[str, str]:

@@ -107,6 +107,47 @@ class BenchOptions(msgspec.Struct, frozen=True):
     budget_s: float = 20.0  # stop sampling after this long, whatever was reached
 
 
+class Inspect(msgspec.Struct, frozen=True):
+    """What a worker shows of its pipeline (`--print-*`, `--object-file`, `--dump-assembly`).
+
+    Printed IR goes to the worker's stderr (the kernel's log), or, when `print_to` is set, into
+    `IR_FILE` in its scratch folder, which the supervisor moves to `print_to` when the worker
+    ends. Object files (`OBJECT_FILE`, one per compiled module) are moved next to the kernel's
+    log, and disassembled there with `--dump-assembly`.
+    """
+
+    print_after_all: bool = False  # the module after every pass (and every transform script)
+    print_original: bool = False  # the module given to the pipeline
+    print_optimized: bool = False  # the module the pipeline produced (what the JIT compiles)
+    print_to: str | None = None  # absolute file for this kernel's printed IR; None = its log
+    object_file: bool = False  # write the JIT's machine code as an ELF object
+    assembly: bool = False  # the supervisor disassembles the object files (--dump-assembly)
+
+    @property
+    def prints(self) -> bool:
+        return self.print_after_all or self.print_original or self.print_optimized
+
+
+IR_FILE = "kbd-ir.mlir"  # in a worker's scratch folder: printed IR when `Inspect.print_to` is set
+OBJECT_FILE = "kbd-object-{index}.o"  # in a worker's scratch folder: compiled module `index`
+STAGE_SNAPSHOT = "kbd-stage.msgpack"  # in a worker's scratch folder: a `StageSnapshot`
+
+
+class StageSnapshot(msgspec.Struct, frozen=True):
+    """The IR before the pipeline stage a worker is about to run, with that stage.
+
+    The worker replaces `STAGE_SNAPSHOT` in its scratch folder (atomically) before each stage,
+    so that whatever ends the stage (a failing pass, a segfault, a timeout) the supervisor can
+    write a reproducer bundle (kbd/bundles.py).
+    """
+
+    index: int  # 0-based position of the stage in the pipeline
+    stages: int  # stages in the pipeline
+    stage: Stage
+    module: str  # MLIR text, complete
+    subgraph: int | None = None  # compile mode: which captured graph (0-based)
+
+
 class Job(msgspec.Struct, frozen=True, tag="job"):
     """Everything a worker needs to run one kernel."""
 
@@ -126,6 +167,7 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     import_cache: ImportCache | None = None  # None: import without the cache
     bench: BenchOptions | None = None  # time the kernel after it passes
     mode: Mode = "import"
+    inspect: Inspect = Inspect()  # IR printing and object files
 
 
 class Budget(msgspec.Struct, frozen=True):
@@ -148,7 +190,16 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     init_args: list[Any] | None = None
 
 
-Task = Job | Generate
+class Replay(msgspec.Struct, frozen=True, tag="replay"):
+    """Run one pipeline stage on a module (`kbd replay BUNDLE`): no kernel, no reference."""
+
+    kernel: str  # the kernel the bundle came from (names the worker)
+    module: str  # MLIR text of the IR before the stage
+    stage: Stage  # a transform stage carries its script's text
+    limits: Limits
+
+
+Task = Job | Generate | Replay
 
 
 # --- worker -> supervisor -------------------------------------------------------------------

@@ -81,6 +81,7 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
         for r in sorted(others, key=lambda r: (sort_key(r.outcome), r.key)):
             message = r.message if not r.signal else f"{r.signal}: {r.message}"
             lines.append(f"{r.outcome:<9}{r.label:<{width + 2}}{r.phase:<28}{message[:160]}")
+    lines += artifacts(records)
     uncontained = containment.summary_lines(records)
     if uncontained:
         lines += ["", *uncontained]
@@ -88,6 +89,24 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
         lines.append("")
         lines.append(bench_summary.table(records))
     return "\n".join(lines)
+
+
+def artifacts(records: list[Record], most: int = 10) -> list[str]:
+    """Lines naming the reproducer bundles and the files --print-to, --object-file and
+    --dump-assembly wrote (a count when there are more than `most`)."""
+    lines = []
+    bundled = [r for r in records if r.bundle]
+    if bundled:
+        lines += ["", "reproducer bundles (`kbd replay BUNDLE` reruns the failing stage):"]
+        lines += [f"  {r.label}: {r.bundle}" for r in bundled]
+    files = [(r.label, kind, path) for r in records for kind, path in r.dumps.items()]
+    if len(files) > most:
+        folders = sorted({str(Path(path).parent) for _, _, path in files if "/" in path})
+        lines += ["", f"{len(files)} files written, in {', '.join(folders)}"]
+    elif files:
+        lines += ["", "written:"]
+        lines += [f"  {label}: {kind}: {path}" for label, kind, path in files]
+    return lines
 
 
 def compile_coverage(records: list[Record]) -> str:

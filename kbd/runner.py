@@ -20,7 +20,7 @@ import msgspec
 import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import containment, import_cache, protocol
+from kbd import bundles, containment, dumps, import_cache, protocol
 from kbd.bench import stats
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
@@ -100,7 +100,21 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
     if imported is not None and job.import_cache and imported.key == job.import_cache.key:
         with contextlib.suppress(OSError):  # a full disk costs the cache entry, not the result
             await anyio.to_thread.run_sync(import_cache.store, job.import_cache, imported.module)
-    return _record(entry, job, state, timeout, log_path)
+    record = _record(entry, job, state, timeout, log_path)
+    failure = classify(state.result, state.death(job.limits.mem_limit, timeout))
+    return await anyio.to_thread.run_sync(_with_artifacts, record, failure, job, log_path)
+
+
+def _with_artifacts(record: Record, failure: tuple, job: Job, log_path: Path) -> Record:
+    """The record naming what the worker left in its scratch folder, once moved out of it:
+    printed IR and object files (kbd.dumps) and, for a kernel that did not pass a pipeline
+    stage, a reproducer bundle (`failure`: how the stage ended, before any xfail applies)."""
+    try:
+        record.dumps = dumps.collect(job, log_path)
+        record.bundle = bundles.write(record, failure, job, log_path)
+    except OSError as exc:  # a full disk costs the artifacts, not the result
+        record.message += f" (kbd could not write its files: {exc})"
+    return record
 
 
 async def run_in_worker(

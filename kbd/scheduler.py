@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from kbd import dumps
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import Record, label
@@ -247,7 +248,7 @@ async def run_plan(
             plan.entry,
             job,
             timeout=timeout,
-            log_path=log_dir / (plan.label.replace("/", "__").replace(" ", "") + ".log"),
+            log_path=log_dir / (dumps.file_stem(plan.label) + ".log"),
             on_phase=hooks.phase,
             on_memory=hooks.memory,
         )

@@ -17,7 +17,7 @@ from typing import Literal
 
 import msgspec
 
-from kbd import limits
+from kbd import dumps, limits
 from kbd.errors import InputError
 from kbd.protocol import BenchOptions
 
@@ -77,6 +77,13 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     require_sandbox: bool = False  # a mechanism missing on this machine fails the kernel
     # benchmarking
     bench: BenchOptions | None = None  # --benchmark: time passing kernels against eager
+    # seeing inside the pipeline (kbd/dumps.py): IR into each kernel's log, or under print_to
+    print_mlir_after_all: bool = False
+    print_original_module: bool = False
+    print_optimized_module: bool = False
+    print_to: str | None = None  # absolute file or folder (a folder ends with '/' or exists)
+    object_file: bool = False  # <log name>.o next to each kernel's log
+    dump_assembly: bool = False  # <log name>.s (and .o) next to each kernel's log
     # where: a Ray cluster address ("auto", "HOST:PORT", "ray://..."), or None for this machine.
     # On a cluster, `jobs` and `mem_budget` apply per node (see kbd.cluster).
     cluster: str | None = None
@@ -114,12 +121,20 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if self.bench.budget_s <= 0:
                 raise InputError(f"--bench-budget must be positive, got {self.bench.budget_s:g}")
+        prints = self.print_mlir_after_all or self.print_original_module
+        if self.print_to is not None and not (prints or self.print_optimized_module):
+            raise InputError(
+                "--print-to needs --print-mlir-after-all, --print-original-module or "
+                "--print-optimized-module"
+            )
         if self.cluster is not None and (not self.cluster.strip() or " " in self.cluster):
             raise InputError(f"--cluster {self.cluster!r}: expected auto, HOST:PORT or ray://...")
 
 
 def from_args(args: Namespace, cwd: Path) -> SweepSpec:
     """The spec of a `kbd run` or `kbd sweep` command line; raises InputError on bad options."""
+    if args.dump_assembly:
+        dumps.require_disassembler()
     return SweepSpec(
         kernels=tuple(args.kernels),
         levels=tuple(str((cwd / f).resolve()) for f in args.levels),
@@ -145,7 +160,23 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         shapes=args.shapes,
         bench=_bench_options(args),
         cluster=parse_cluster(getattr(args, "cluster", None)),
+        print_mlir_after_all=args.print_mlir_after_all,
+        print_original_module=args.print_original_module,
+        print_optimized_module=args.print_optimized_module,
+        print_to=_print_to(args.print_to, cwd),
+        object_file=args.object_file,
+        dump_assembly=args.dump_assembly,
     )
+
+
+def _print_to(text: str | None, cwd: Path) -> str | None:
+    """--print-to as an absolute path, keeping a trailing '/' (it says: a folder)."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise InputError("--print-to: empty path")
+    path = str((cwd / text).resolve())
+    return path + "/" if text.endswith("/") else path
 
 
 def _bench_options(args: Namespace) -> BenchOptions | None:

@@ -17,7 +17,7 @@ import threading
 import torch
 
 from kbd import containment, protocol
-from kbd.protocol import Generate, Phase, Result, Task
+from kbd.protocol import Generate, Phase, Replay, Result, Task
 from kbd.worker import generate, sandbox
 from kbd.worker import job as job_runner
 from kbd.worker.contain import contain
@@ -40,6 +40,8 @@ def main(sock: socket.socket, parent: int) -> int:
     missing = containment.missing(enforced)
     if isinstance(job, Generate):
         result = generate.answer(job, announce, enforced)
+    elif isinstance(job, Replay):
+        result = job_runner.replay(job, announce, enforced)
     elif job.limits.require_sandbox and missing:
         announce(containment.SANDBOX_PHASE)
         result = Result(

@@ -17,15 +17,16 @@ from __future__ import annotations
 import copy
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from kbd.protocol import Coverage, Stage
+from kbd.protocol import Coverage
 from kbd.worker import ingress, mlir, state
+from kbd.worker.stages import Pipeline
 
 MLIR_SCOPE = "kbd::mlir"  # profiler scope around compiled subgraphs: ops inside are not eager
 MAX_REASONS = 5
@@ -44,8 +45,9 @@ def configure() -> None:
 class Backend:
     """A Dynamo backend that compiles each captured graph through torch-mlir and MLIR."""
 
-    def __init__(self, stages: Sequence[Stage], opt_level: int, step: Callable):
-        self.stages = list(stages)
+    def __init__(self, pipeline: Pipeline, kernel: str, opt_level: int, step: Callable):
+        self.pipeline = pipeline
+        self.kernel = kernel
         self.opt_level = opt_level
         self.step = step  # the job's phase step: `with step(phase): ...`
         self.graph_ops: list[int] = []  # FX ops of each compiled subgraph
@@ -76,11 +78,10 @@ class Backend:
             for t in [*out_types, *in_types]:
                 if t.dtype not in ingress.NUMPY_DTYPES:
                     raise TypeError(f"unsupported element type {t.dtype} in a compiled subgraph")
-        for stage in self.stages:
-            with self.step(f"pipeline:{stage.name}"):
-                mlir.apply_stage(module, stage)
+        self.pipeline.run(module, self.kernel, subgraph=len(self.graph_ops))
         with self.step("jit"):
             compiled = mlir.Compiled(module, self.opt_level)
+            self.pipeline.compiled(compiled)
         self.step("compile")
         self.graph_ops.append(sum(1 for n in gm.graph.nodes if n.op in _OP_KINDS))
         self.state_writes += [_state_name(names[i]) for i in mutated if i < len(names)]

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from kbd.protocol import Imported, Job, Result
-from kbd.worker import bench, cached_import, check, ingress, mlir, runtime, state
+from kbd.protocol import Imported, Job, Replay, Result
+from kbd.worker import bench, cached_import, check, ingress, mlir, runtime, stages, state
 
 _MEMORY_MARKERS = ("can't allocate memory", "out of memory", "unable to allocate", "bad_alloc")
 
@@ -62,6 +62,17 @@ def run(
         return _failure(exc, step, limits_enforced)
 
 
+def replay(
+    task: Replay, announce: Callable[[str], None], limits_enforced: dict[str, str]
+) -> Result:
+    """Run a reproducer bundle's stage (`kbd replay`); its failure is data, as in `run`."""
+    step = _Step(announce)
+    try:
+        return stages.replay(task, step, limits_enforced)
+    except BaseException as exc:
+        return _failure(exc, step, limits_enforced)
+
+
 def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result:
     with step("load"):
         ingress.seed_everything(job.seed)
@@ -93,13 +104,13 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         mutated = mlir.mutated_inputs(module)
         out_types, in_types = mlir.results_to_out_params(module)
         _check_signature(job, out_types[len(mutated) :], in_types, eager.expected, inputs)
-    for stage in job.stages:
-        with step(f"pipeline:{stage.name}"):
-            mlir.apply_stage(module, stage)
+    pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
+    pipeline.run(module, job.kernel)
     with step("jit"):
         if job.bench is not None:
             mlir.add_bench_wrappers(module, len(out_types) + len(in_types))
         compiled = mlir.Compiled(module, job.opt_level, openmp=runtime.uses_openmp(job.stages))
+        pipeline.compiled(compiled)
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     with step("run"):
         compiled([*outputs, *inputs])
@@ -129,7 +140,8 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
     from kbd.worker import dynamo  # imported here: import mode never pays for it
 
     dynamo.configure()
-    backend = dynamo.Backend(job.stages, job.opt_level, step)
+    pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
+    backend = dynamo.Backend(pipeline, job.kernel, job.opt_level, step)
     compiled = torch.compile(model, backend=backend, dynamic=False)
     step("compile")
     start, inner = time.perf_counter(), sum(step.times.values())

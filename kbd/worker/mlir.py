@@ -7,11 +7,15 @@ standalone `mlir` package means changing the imports here and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -232,20 +236,75 @@ class StageError(Exception):
     """A pipeline stage failed; the message is MLIR's first error diagnostic."""
 
 
-def apply_stage(module: ir.Module, stage: Stage) -> None:
-    """Run one pipeline stage on the module in place; raises StageError on a failing pass."""
+def apply_stage(module: ir.Module, stage: Stage, *, print_after: TextIO | None = None) -> None:
+    """Run one pipeline stage on the module in place; raises StageError on a failing pass.
+
+    With `print_after` (a text file, or sys.stderr), the module is printed there after every
+    pass of a pass stage (MLIR's IR printing, whole module) and after
+    a transform script, under MLIR's `// -----// IR Dump After ... //----- //` headers."""
     with _Diagnostics(module.context) as diagnostics:
         try:
             with module.context:
                 if stage.kind == "pass":
-                    pm = passmanager.PassManager.parse(f"builtin.module({stage.text})")
-                    pm.run(module.operation)
+                    pm = passmanager.PassManager.parse(pass_pipeline(stage))
+                    if print_after is None:
+                        pm.run(module.operation)
+                        return
+                    module.context.enable_multithreading(False)  # module scope needs it
+                    pm.enable_ir_printing(print_module_scope=True)
+                    with _stderr_to(print_after):  # MLIR prints to the process's stderr
+                        pm.run(module.operation)
                     return
                 script = ir.Module.parse(stage.script)
                 entry = _find_named_sequence(script, stage.text)
-                interpreter.apply_named_sequence(module.operation, entry, script.operation)
+                try:
+                    interpreter.apply_named_sequence(module.operation, entry, script.operation)
+                except ValueError as exc:  # the interpreter's failure carries its diagnostics
+                    raise StageError(_transform_error(str(exc))) from None
+                if print_after is not None:
+                    print_module(module, f"IR Dump After transform {stage.name}", print_after)
         except ir.MLIRError as exc:
             raise StageError(diagnostics.first_error() or str(exc)) from None
+
+
+_DIAGNOSTIC = re.compile(r"Diagnostic message at loc\(.*?\): (.*)")
+
+
+def _transform_error(text: str) -> str:
+    """`error: <first diagnostic>` of a failed transform sequence, else its first line."""
+    match = _DIAGNOSTIC.search(text)
+    if match:
+        return f"error: {match.group(1).strip()}"
+    return text.strip().splitlines()[0] if text.strip() else "the transform script failed"
+
+
+def pass_pipeline(stage: Stage) -> str:
+    """A pass stage as a full pass pipeline (what `--pass-pipeline=` of an opt tool takes)."""
+    return f"builtin.module({stage.text})"
+
+
+def print_module(module: ir.Module, title: str, stream: TextIO) -> None:
+    """The whole module, complete, under a `// -----// TITLE //----- //` header."""
+    stream.write(f"// -----// {title} //----- //\n{module_text(module)}\n")
+    stream.flush()
+
+
+@contextlib.contextmanager
+def _stderr_to(stream: TextIO):
+    """Point file descriptor 2 at `stream` for a while (MLIR writes to llvm::errs())."""
+    sys.stderr.flush()
+    stream.flush()
+    if stream.fileno() == 2:
+        yield
+        return
+    saved = os.dup(2)
+    try:
+        os.dup2(stream.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class _Diagnostics:

@@ -1,0 +1,202 @@
+"""Reproducer bundles: everything needed to rerun one failing pipeline stage (`kbd replay`).
+
+When a kernel ends in a `pipeline:<stage>` phase without passing (a failing pass or transform
+script, a verifier error, a crash, a timeout), the supervisor turns the `StageSnapshot` the worker
+left in its scratch folder just before that stage into a folder next to the kernel's log,
+`<log name>.bundle/`:
+
+- `input.mlir`: the IR before the failing stage, complete;
+- `stage.mlir` (a transform script, its variables substituted) or `pipeline.txt` (the pass as
+  a full pass pipeline, `builtin.module(...)`);
+- `manifest.json`: a `Manifest` (the kernel, the stage, the original outcome, phase and message,
+  -O, the target, kbd's version and code hash, the tool versions);
+- `README.txt`: how to replay it, with kbd and with `mlir-opt`.
+
+Replay reads the two IR files, not the manifest's copy, so a user may shrink `input.mlir` or
+edit the stage and replay again. Supervisor side: no torch, no MLIR.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+
+import msgspec
+
+from kbd import __version__, descriptor, target
+from kbd.daemon import identity
+from kbd.errors import InputError
+from kbd.outcome import Record
+from kbd.outcomes import Outcome
+from kbd.protocol import STAGE_SNAPSHOT, Identity, Job, Mode, Stage, StageSnapshot
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+INPUT = "input.mlir"
+SCRIPT = "stage.mlir"
+PASSES = "pipeline.txt"
+README = "README.txt"
+SUFFIX = ".bundle"
+_PASS_PIPELINE = ("builtin.module(", ")")
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a bundle holds and how the stage failed the first time."""
+
+    format: int = FORMAT
+    kernel: str  # e.g. "level1/1_matmul"
+    mode: Mode
+    subgraph: int | None  # compile mode: the captured graph (0-based)
+    stage: Stage  # the failing stage; a transform's text is in `stage_file`, not here
+    stage_number: int  # 1-based position in the pipeline
+    stages: int  # stages in the pipeline
+    input: str = INPUT
+    stage_file: str  # SCRIPT or PASSES
+    # the original failure, as classified
+    outcome: Outcome
+    phase: str
+    signal: str | None = None
+    message: str
+    log: str | None
+    # what the stage ran with
+    opt_level: int  # the JIT's -O (not used by a stage; recorded for the whole picture)
+    arch: str
+    features: list[str]  # the host's CPU features that schedules are chosen by
+    kbd_version: str
+    identity: Identity  # code hash, Python, torch and torch-mlir versions
+    created: str  # UTC, ISO 8601
+
+
+def write(record: Record, failure: tuple, job: Job, log_path: Path) -> str | None:
+    """Write the bundle of a kernel that did not pass in a pipeline stage, when its worker
+    left a snapshot; returns the bundle's path, or None (nothing to reproduce).
+
+    `failure` is (outcome, phase, signal, message) as classified, before any xfail applies."""
+    outcome, phase, signal, message = failure
+    if outcome == "pass" or not phase.startswith("pipeline:"):
+        return None
+    snapshot = _snapshot(job)
+    if snapshot is None or f"pipeline:{snapshot.stage.name}" != phase:
+        return None
+    folder = (log_path.parent / (log_path.stem + SUFFIX)).resolve()
+    shutil.rmtree(folder, ignore_errors=True)  # a rerun's bundle replaces the old one
+    folder.mkdir(parents=True)
+    stage = snapshot.stage
+    (folder / INPUT).write_text(snapshot.module)
+    if stage.kind == "transform":
+        stage_file = SCRIPT
+        (folder / SCRIPT).write_text(stage.script)
+        stage = msgspec.structs.replace(stage, script="")
+    else:
+        stage_file = PASSES
+        (folder / PASSES).write_text(_PASS_PIPELINE[0] + stage.text + _PASS_PIPELINE[1] + "\n")
+    arch, flags = descriptor.host_target()
+    manifest = Manifest(
+        kernel=record.kernel,
+        mode=record.mode,
+        subgraph=snapshot.subgraph,
+        stage=stage,
+        stage_number=snapshot.index + 1,
+        stages=snapshot.stages,
+        stage_file=stage_file,
+        outcome=outcome,
+        phase=phase,
+        signal=signal,
+        message=message,
+        log=record.log,
+        opt_level=job.opt_level,
+        arch=arch,
+        features=[f for f in flags if f in target.LLVM_FEATURES or f.startswith("amx")],
+        kbd_version=__version__,
+        identity=identity.current(),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    (folder / MANIFEST).write_bytes(msgspec.json.format(msgspec.json.encode(manifest)) + b"\n")
+    (folder / README).write_text(_readme(manifest, folder))
+    return str(folder)
+
+
+def _snapshot(job: Job) -> StageSnapshot | None:
+    if not job.limits.scratch:
+        return None
+    path = Path(job.limits.scratch) / STAGE_SNAPSHOT
+    with contextlib.suppress(OSError, msgspec.DecodeError):
+        return msgspec.msgpack.decode(path.read_bytes(), type=StageSnapshot)
+    return None
+
+
+class Bundle(msgspec.Struct, frozen=True):
+    """A bundle as read back: its manifest, the IR before the stage, and the stage to run."""
+
+    path: str
+    manifest: Manifest
+    module: str
+    stage: Stage
+
+
+def load(path: Path) -> Bundle:
+    """Read a bundle folder; raises InputError naming the file and what is wrong."""
+    if not path.is_dir():
+        raise InputError(f"{path}: not a reproducer bundle (no such folder)")
+    manifest_path = path / MANIFEST
+    try:
+        manifest = msgspec.json.decode(manifest_path.read_bytes(), type=Manifest)
+    except OSError as exc:
+        raise InputError(f"{manifest_path}: cannot read the manifest ({exc.strerror})") from None
+    except msgspec.ValidationError as exc:
+        raise InputError(f"{manifest_path}: not a valid manifest ({exc})") from None
+    except msgspec.DecodeError:
+        raise InputError(f"{manifest_path}: not a valid manifest (not JSON)") from None
+    if manifest.format != FORMAT:
+        raise InputError(f"{manifest_path}: bundle format {manifest.format}, kbd reads {FORMAT}")
+    module = _read(path / manifest.input)
+    text = _read(path / manifest.stage_file)
+    stage = manifest.stage
+    if stage.kind == "transform":
+        stage = msgspec.structs.replace(stage, script=text)
+    else:
+        stage = msgspec.structs.replace(stage, text=_pass_text(text.strip(), path / PASSES))
+    return Bundle(str(path), manifest, module, stage)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read it ({exc})") from None
+
+
+def _pass_text(text: str, path: Path) -> str:
+    """The pass element inside `builtin.module(...)`."""
+    start, end = _PASS_PIPELINE
+    if not (text.startswith(start) and text.endswith(end)) or len(text) == len(start + end):
+        raise InputError(f"{path}: expected one line 'builtin.module(PASS{{OPTIONS}})'")
+    return text[len(start) : -len(end)]
+
+
+def _readme(manifest: Manifest, folder: Path) -> str:
+    where = f", graph {manifest.subgraph}" if manifest.subgraph is not None else ""
+    failure = f"{manifest.outcome} in {manifest.phase}"
+    if manifest.signal:
+        failure += f" ({manifest.signal})"
+    if manifest.stage.kind == "pass":
+        tool = f'mlir-opt {INPUT} --pass-pipeline="$(cat {PASSES})"'
+    else:
+        tool = (
+            f"mlir-opt {INPUT} --transform-preload-library=transform-library-paths={SCRIPT}"
+            " --transform-interpreter"
+        )
+    return (
+        f"Reproducer bundle: {manifest.kernel} [{manifest.mode}{where}], stage "
+        f"{manifest.stage_number} of {manifest.stages} ({manifest.stage.source}).\n"
+        f"It failed: {failure}: {manifest.message}\n\n"
+        f"Rerun exactly this stage in a sandboxed worker:\n\n    kbd replay {folder}\n\n"
+        f"{INPUT} is the IR before the stage, {manifest.stage_file} the stage. Replay reads "
+        "both files, so you may shrink or edit them and replay again.\n"
+        "Outside kbd, with an mlir-opt of the LLVM the torch-mlir wheel was built from (the "
+        "wheel's torch-mlir-opt lacks the dialects and the transform interpreter):\n\n"
+        f"    {tool}\n\n{MANIFEST} holds the original failure and what the stage ran with "
+        "(target, -O, kbd's version and code hash, the tool versions).\n"
+    )
