@@ -5,7 +5,8 @@ script, a verifier error, a crash, a timeout), the supervisor turns the `StageSn
 left in its scratch folder just before that stage into a folder next to the kernel's log,
 `<log name>.bundle/`:
 
-- `input.mlir`: the IR before the failing stage, complete;
+- `input.mlir`: the IR before the failing stage, complete (`input.mlirbc`, MLIR bytecode, when
+  the worker died inside the stage: printing text before every stage would cost 3x more);
 - `stage.mlir` (a transform script, its variables substituted) or `pipeline.txt` (the pass as
   a full pass pipeline, `builtin.module(...)`);
 - `manifest.json`: a `Manifest` (the kernel, the stage, the original outcome, phase and message,
@@ -30,11 +31,12 @@ from kbd.daemon import identity
 from kbd.errors import InputError
 from kbd.outcome import Record
 from kbd.outcomes import Outcome
-from kbd.protocol import STAGE_SNAPSHOT, Identity, Job, Mode, Stage, StageSnapshot
+from kbd.protocol import STAGE_INPUT, STAGE_SNAPSHOT, Identity, Job, Mode, Stage, StageSnapshot
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 INPUT = "input.mlir"
+INPUT_BYTECODE = "input.mlirbc"
 SCRIPT = "stage.mlir"
 PASSES = "pipeline.txt"
 README = "README.txt"
@@ -52,7 +54,8 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     stage: Stage  # the failing stage; a transform's text is in `stage_file`, not here
     stage_number: int  # 1-based position in the pipeline
     stages: int  # stages in the pipeline
-    input: str = INPUT
+    pipeline: list[str]  # every stage in order: a pass with its options, or a script's path
+    input: str  # INPUT, or INPUT_BYTECODE when the worker died in the stage
     stage_file: str  # SCRIPT or PASSES
     # the original failure, as classified
     outcome: Outcome
@@ -69,22 +72,30 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     created: str  # UTC, ISO 8601
 
 
-def write(record: Record, failure: tuple, job: Job, log_path: Path) -> str | None:
+def write(
+    record: Record, failure: tuple[str, str, str | None, str], job: Job, log_path: Path
+) -> str | None:
     """Write the bundle of a kernel that did not pass in a pipeline stage, when its worker
     left a snapshot; returns the bundle's path, or None (nothing to reproduce).
 
     `failure` is (outcome, phase, signal, message) as classified, before any xfail applies."""
     outcome, phase, signal, message = failure
+    folder = (log_path.parent / (log_path.stem + SUFFIX)).resolve()
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier attempt's bundle is stale now
     if outcome == "pass" or not phase.startswith("pipeline:"):
         return None
     snapshot = _snapshot(job)
     if snapshot is None or f"pipeline:{snapshot.stage.name}" != phase:
         return None
-    folder = (log_path.parent / (log_path.stem + SUFFIX)).resolve()
-    shutil.rmtree(folder, ignore_errors=True)  # a rerun's bundle replaces the old one
     folder.mkdir(parents=True)
     stage = snapshot.stage
-    (folder / INPUT).write_text(snapshot.module)
+    text = Path(job.limits.scratch) / STAGE_INPUT
+    if text.is_file():  # the worker lived to print it
+        shutil.copyfile(text, folder / INPUT)
+        input_file = INPUT
+    else:  # it died inside the stage: the bytecode it left
+        (folder / INPUT_BYTECODE).write_bytes(snapshot.module)
+        input_file = INPUT_BYTECODE
     if stage.kind == "transform":
         stage_file = SCRIPT
         (folder / SCRIPT).write_text(stage.script)
@@ -100,6 +111,8 @@ def write(record: Record, failure: tuple, job: Job, log_path: Path) -> str | Non
         stage=stage,
         stage_number=snapshot.index + 1,
         stages=snapshot.stages,
+        pipeline=[s.text for s in job.stages],
+        input=input_file,
         stage_file=stage_file,
         outcome=outcome,
         phase=phase,
@@ -132,7 +145,7 @@ class Bundle(msgspec.Struct, frozen=True):
 
     path: str
     manifest: Manifest
-    module: str
+    module: bytes  # MLIR text (UTF-8) or bytecode
     stage: Stage
 
 
@@ -151,7 +164,12 @@ def load(path: Path) -> Bundle:
         raise InputError(f"{manifest_path}: not a valid manifest (not JSON)") from None
     if manifest.format != FORMAT:
         raise InputError(f"{manifest_path}: bundle format {manifest.format}, kbd reads {FORMAT}")
-    module = _read(path / manifest.input)
+    if manifest.input not in (INPUT, INPUT_BYTECODE) or manifest.stage_file not in (SCRIPT, PASSES):
+        raise InputError(
+            f"{manifest_path}: input must be {INPUT} or {INPUT_BYTECODE}, stage_file {SCRIPT} "
+            f"or {PASSES}"
+        )
+    module = _read(path / manifest.input, binary=True)
     text = _read(path / manifest.stage_file)
     stage = manifest.stage
     if stage.kind == "transform":
@@ -161,9 +179,9 @@ def load(path: Path) -> Bundle:
     return Bundle(str(path), manifest, module, stage)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, binary: bool = False) -> str | bytes:
     try:
-        return path.read_text()
+        return path.read_bytes() if binary else path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read it ({exc})") from None
 
@@ -181,20 +199,24 @@ def _readme(manifest: Manifest, folder: Path) -> str:
     failure = f"{manifest.outcome} in {manifest.phase}"
     if manifest.signal:
         failure += f" ({manifest.signal})"
+    source = manifest.input
     if manifest.stage.kind == "pass":
-        tool = f'mlir-opt {INPUT} --pass-pipeline="$(cat {PASSES})"'
+        tool = f'mlir-opt {source} --pass-pipeline="$(cat {PASSES})"'
     else:
         tool = (
-            f"mlir-opt {INPUT} --transform-preload-library=transform-library-paths={SCRIPT}"
+            f"mlir-opt {source} --transform-preload-library=transform-library-paths={SCRIPT}"
             " --transform-interpreter"
         )
+    if source == INPUT_BYTECODE:
+        tool += f"\n    mlir-opt {INPUT_BYTECODE} -o {INPUT}   # the IR as text"
     return (
         f"Reproducer bundle: {manifest.kernel} [{manifest.mode}{where}], stage "
         f"{manifest.stage_number} of {manifest.stages} ({manifest.stage.source}).\n"
         f"It failed: {failure}: {manifest.message}\n\n"
         f"Rerun exactly this stage in a sandboxed worker:\n\n    kbd replay {folder}\n\n"
-        f"{INPUT} is the IR before the stage, {manifest.stage_file} the stage. Replay reads "
-        "both files, so you may shrink or edit them and replay again.\n"
+        f"{source} is the IR before the stage, {manifest.stage_file} the stage. Replay reads "
+        f"both files, so you may shrink or edit them and replay again (a text {INPUT} may "
+        f'replace {INPUT_BYTECODE}: set "input" in {MANIFEST}).\n'
         "Outside kbd, with an mlir-opt of the LLVM the torch-mlir wheel was built from (the "
         "wheel's torch-mlir-opt lacks the dialects and the transform interpreter):\n\n"
         f"    {tool}\n\n{MANIFEST} holds the original failure and what the stage ran with "

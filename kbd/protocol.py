@@ -131,20 +131,23 @@ class Inspect(msgspec.Struct, frozen=True):
 IR_FILE = "kbd-ir.mlir"  # in a worker's scratch folder: printed IR when `Inspect.print_to` is set
 OBJECT_FILE = "kbd-object-{index}.o"  # in a worker's scratch folder: compiled module `index`
 STAGE_SNAPSHOT = "kbd-stage.msgpack"  # in a worker's scratch folder: a `StageSnapshot`
+STAGE_INPUT = "kbd-stage-input.mlir"  # in a worker's scratch folder: a failed stage's input
 
 
 class StageSnapshot(msgspec.Struct, frozen=True):
-    """The IR before the pipeline stage a worker is about to run, with that stage.
+    """The IR before the pipeline stage a worker is running, with that stage.
 
-    The worker replaces `STAGE_SNAPSHOT` in its scratch folder (atomically) before each stage,
-    so that whatever ends the stage (a failing pass, a segfault, a timeout) the supervisor can
-    write a reproducer bundle (kbd/bundles.py).
+    The worker replaces `STAGE_SNAPSHOT` in its scratch folder (atomically) as each stage
+    starts, so that whatever ends the stage (a failing pass, a segfault, a timeout) the
+    supervisor can write a reproducer bundle (kbd/bundles.py). The module is bytecode, which is
+    cheaper to write than text; when a stage fails without killing the worker, the worker also
+    writes its input as text (`STAGE_INPUT`).
     """
 
     index: int  # 0-based position of the stage in the pipeline
     stages: int  # stages in the pipeline
     stage: Stage
-    module: str  # MLIR text, complete
+    module: bytes  # MLIR bytecode
     subgraph: int | None = None  # compile mode: which captured graph (0-based)
 
 
@@ -194,7 +197,7 @@ class Replay(msgspec.Struct, frozen=True, tag="replay"):
     """Run one pipeline stage on a module (`kbd replay BUNDLE`): no kernel, no reference."""
 
     kernel: str  # the kernel the bundle came from (names the worker)
-    module: str  # MLIR text of the IR before the stage
+    module: bytes  # the IR before the stage: MLIR text (UTF-8) or bytecode
     stage: Stage  # a transform stage carries its script's text
     limits: Limits
 

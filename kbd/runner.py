@@ -105,7 +105,7 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
     return await anyio.to_thread.run_sync(_with_artifacts, record, failure, job, log_path)
 
 
-def _with_artifacts(record: Record, failure: tuple, job: Job, log_path: Path) -> Record:
+def _with_artifacts(record: Record, failure, job: Job, log_path: Path) -> Record:
     """The record naming what the worker left in its scratch folder, once moved out of it:
     printed IR and object files (kbd.dumps) and, for a kernel that did not pass a pipeline
     stage, a reproducer bundle (`failure`: how the stage ended, before any xfail applies)."""

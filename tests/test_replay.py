@@ -20,6 +20,7 @@ from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, kbd
 
 FAILING = ROOT / "tests" / "fixtures" / "schedules" / "failing.yaml"
 TILE_ERROR = "error: too many tiles provided, expected at most 3 found 4"
+MLIR_BYTECODE = b"ML\xefR"  # the magic number of MLIR bytecode
 DEPTH = 500_000  # nesting that overflows the stack of MLIR's recursive-descent parser
 
 
@@ -82,6 +83,7 @@ def test_a_failing_transform_script_writes_a_bundle(failed):
     assert manifest["identity"]["code_hash"] and manifest["kbd_version"]
     assert "tile_sizes [8, 8, 8, 8]" in (bundle / "stage.mlir").read_text()  # $tile resolved
     # the IR before stage 2: after canonicalize, still on tensors, nothing tiled
+    assert manifest["input"] == "input.mlir"  # the worker lived to print it as text
     before = (bundle / "input.mlir").read_text()
     assert "linalg.matmul" in before and "scf.for" not in before
     assert "kbd replay" in (bundle / "README.txt").read_text()
@@ -108,8 +110,11 @@ def test_a_segfault_inside_a_stage_still_gets_a_bundle(failed):
         "SIGSEGV",
     )
     bundle = Path(record.bundle)
-    assert "linalg.conv_2d" in (bundle / "input.mlir").read_text()
-    assert json.loads((bundle / "manifest.json").read_text())["signal"] == "SIGSEGV"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["signal"] == "SIGSEGV" and manifest["stage_number"] == 2
+    # the worker died inside the stage: its IR is the bytecode snapshot it left
+    assert manifest["input"] == "input.mlirbc" and not (bundle / "input.mlir").exists()
+    assert (bundle / "input.mlirbc").read_bytes().startswith(MLIR_BYTECODE)
 
 
 def test_the_print_options_write_into_the_log_by_default(failed):
@@ -185,4 +190,4 @@ def test_bundles_load_reads_the_files_not_the_manifest_copy(failed, tmp_path):
     (bundle / "stage.mlir").write_text(script)
     loaded = bundles.load(bundle)
     assert loaded.stage.kind == "transform" and "[4, 4, 4, 4]" in loaded.stage.script
-    assert loaded.module == (bundle / "input.mlir").read_text()
+    assert loaded.module == (bundle / "input.mlir").read_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import re
 import sys
@@ -92,8 +93,16 @@ def module_text(module: ir.Module) -> str:
     return module.operation.get_asm(large_elements_limit=None, enable_debug_info=False)
 
 
-def parse_module(text: str) -> ir.Module:
-    """Parse MLIR text (e.g. an import cache entry) into a module with its own context."""
+def module_bytecode(module: ir.Module) -> bytes:
+    """The module as MLIR bytecode: about 3x faster to write than its text."""
+    buffer = io.BytesIO()
+    module.operation.write_bytecode(buffer)
+    return buffer.getvalue()
+
+
+def parse_module(text: str | bytes) -> ir.Module:
+    """Parse MLIR text (e.g. an import cache entry; str or UTF-8 bytes) or bytecode into a
+    module with its own context."""
     with ir.Context(), ir.Location.unknown():
         return ir.Module.parse(text)
 

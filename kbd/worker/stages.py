@@ -1,10 +1,11 @@
 """Run a kernel's pipeline stages so that they can be seen and reproduced.
 
-Before each stage the worker leaves a `StageSnapshot` (the IR before the stage, and the stage)
-in its scratch folder, replaced atomically, so the supervisor can write a reproducer bundle
-whatever ends the stage: a failing pass, a segfault, a timeout (kbd/bundles.py). With the
-`Inspect` options of the job it prints IR (into the kernel's log, or a file in its scratch
-folder that the supervisor moves where the user asked) and writes object files.
+As each stage starts the worker leaves a `StageSnapshot` (the IR before the stage, as bytecode,
+and the stage) in its scratch folder, replaced atomically, so the supervisor can write a
+reproducer bundle whatever ends the stage: a failing pass, a segfault, a timeout
+(kbd/bundles.py); a stage that fails without killing the worker also gets its input as text.
+With the `Inspect` options of the job it prints IR (into the kernel's log, or a file in its
+scratch folder that the supervisor moves where the user asked) and writes object files.
 `replay` runs one stage of a bundle (`kbd replay`).
 """
 
@@ -21,6 +22,7 @@ import msgspec
 from kbd.protocol import (
     IR_FILE,
     OBJECT_FILE,
+    STAGE_INPUT,
     STAGE_SNAPSHOT,
     Inspect,
     Replay,
@@ -56,9 +58,13 @@ class Pipeline:
             mlir.print_module(module, f"Original module: {where}", self.ir_stream())
         print_after = self.ir_stream() if self.inspect.print_after_all else None
         for index, stage in enumerate(self.stages):
-            self._snapshot(StageSnapshot(index, len(self.stages), stage, "", subgraph), module)
-            with self.step(f"pipeline:{stage.name}"):
-                mlir.apply_stage(module, stage, print_after=print_after)
+            with self.step(f"pipeline:{stage.name}"):  # the snapshot's cost is the stage's
+                before = self._snapshot(index, stage, subgraph, module)
+                try:
+                    mlir.apply_stage(module, stage, print_after=print_after)
+                except Exception:
+                    self._input_as_text(before)
+                    raise
         self._clear_snapshot()
         if self.inspect.print_optimized:
             mlir.print_module(module, f"Optimized module: {where}", self.ir_stream())
@@ -76,13 +82,22 @@ class Pipeline:
             self._ir = open(self.scratch / IR_FILE, "a")  # noqa: SIM115 (open for the job)
         return self._ir
 
-    def _snapshot(self, snapshot: StageSnapshot, module) -> None:
+    def _snapshot(self, index: int, stage: Stage, subgraph: int | None, module) -> bytes | None:
+        """Leave the IR before a stage in the scratch folder; returns it (bytecode)."""
         if self.scratch is None:
-            return
-        snapshot = msgspec.structs.replace(snapshot, module=mlir.module_text(module))
+            return None
+        bytecode = mlir.module_bytecode(module)
+        snapshot = StageSnapshot(index, len(self.stages), stage, bytecode, subgraph)
         temporary = self.scratch / (STAGE_SNAPSHOT + ".tmp")
         temporary.write_bytes(msgspec.msgpack.encode(snapshot))
         os.replace(temporary, self.scratch / STAGE_SNAPSHOT)  # never half-written
+        return bytecode
+
+    def _input_as_text(self, bytecode: bytes | None) -> None:
+        """A stage failed: its input as text, for the bundle (readable, editable)."""
+        if bytecode is not None:
+            text = mlir.module_text(mlir.parse_module(bytecode))
+            (self.scratch / STAGE_INPUT).write_text(text)
 
     def _clear_snapshot(self) -> None:
         if self.scratch is not None:
