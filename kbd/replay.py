@@ -19,17 +19,20 @@ import anyio
 from kbd import bundles, containment, limits, runner
 from kbd.bundles import Bundle
 from kbd.commands import template_env
+from kbd.daemon import identity
 from kbd.outcome import classify
-from kbd.protocol import Limits, Replay
+from kbd.protocol import Identity, Limits, Replay
 from kbd.spawner import Spawner, TemplateError
 
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input is 2, through InputError (kbd.cli)
 
 
 def main(args: Namespace) -> int:
     bundle = bundles.load(Path(args.bundle))
     mem_limit = (
-        None if args.mem_limit == "none" else limits.parse_size(args.mem_limit, "--mem-limit")
+        None
+        if args.mem_limit.lower() == "none"
+        else limits.parse_size(args.mem_limit, "--mem-limit")
     )
     log_dir = (
         Path(args.log_dir)
@@ -43,6 +46,8 @@ def main(args: Namespace) -> int:
         f"({m.phase}, from {m.stage.source})",
         flush=True,
     )
+    for note in _differences(m.identity, identity.current()):
+        print(f"note: {note}", flush=True)
     try:
         replayed = anyio.run(_replay, bundle, args.timeout, mem_limit, log_dir)
     except TemplateError as exc:
@@ -84,6 +89,15 @@ async def _replay(bundle: Bundle, timeout: float, mem_limit: int | None, log_dir
                 log_path=log_dir / "replay.log",
             )
     return classify(state.result, state.death(mem_limit, timeout))
+
+
+def _differences(then: Identity, now: Identity) -> list[str]:
+    """What differs between the kbd that wrote the bundle and this one."""
+    return [
+        f"{field.replace('_', ' ')}: the bundle's {getattr(then, field)}, now {getattr(now, field)}"
+        for field in then.__struct_fields__
+        if getattr(then, field) != getattr(now, field)
+    ]
 
 
 def _line(which: str, failure: tuple) -> str:
