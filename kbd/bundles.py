@@ -118,7 +118,7 @@ def write(
         phase=phase,
         signal=signal,
         message=message,
-        log=record.log,
+        log=str(Path(record.log).resolve()) if record.log else None,
         opt_level=job.opt_level,
         arch=arch,
         features=[f for f in flags if f in target.LLVM_FEATURES or f.startswith("amx")],
