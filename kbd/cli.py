@@ -116,6 +116,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="import every kernel afresh; neither read nor write the import cache "
         "(.kbd/import-cache, imported MLIR by content address)",
     )
+    comp.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="lower and JIT-compile every kernel afresh; neither read nor write the compile "
+        "cache (.kbd/compile-cache, compiled kernels as shared libraries by content address)",
+    )
     see = parser.add_argument_group(
         "seeing inside the pipeline",
         "IR goes into each kernel's log (.kbd/logs/<run>/<kernel>.log) unless --print-to names "

@@ -18,6 +18,7 @@ import msgspec
 from kbd import (
     catalog,
     cluster,
+    compile_cache,
     containment,
     descriptor,
     dumps,
@@ -246,6 +247,7 @@ def _plan(options: SweepSpec, store: Store | None):
     )
     mem_limit = options.mem_limit
     cache_dir = Path(options.cwd) / ".kbd" / import_cache.DIRECTORY
+    compiled_dir = Path(options.cwd) / ".kbd" / compile_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
     single = len(entries) * len(MODES[options.mode]) == 1  # --print-to then names a file
@@ -276,6 +278,9 @@ def _plan(options: SweepSpec, store: Store | None):
         )
         if options.import_cache and mode == "import":
             job = import_cache.attach(job, cache_dir, import_cache.DEFAULT_MAX_BYTES)
+        # a kernel whose pipeline is to be shown (--print-*, --object-file) must run it
+        if options.compile_cache and mode == "import" and job.inspect == Inspect():
+            job = compile_cache.attach(job, compiled_dir, compile_cache.DEFAULT_MAX_BYTES)
         previous = past.get((entry.name, mode))
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
@@ -320,7 +325,9 @@ def _hash(value) -> str:
     for name in ("torch", "torch-mlir"):
         digest.update(f"{name}={_version(name)}".encode())
     for job in jobs:
-        bare = msgspec.structs.replace(job, limits=Limits(), import_cache=None, inspect=Inspect())
+        bare = msgspec.structs.replace(
+            job, limits=Limits(), import_cache=None, compile_cache=None, inspect=Inspect()
+        )
         digest.update(msgspec.msgpack.encode(bare))
     return digest.hexdigest()[:16]
 

@@ -6,10 +6,9 @@ and kbd's ingress code; pipelines come after it. So a re-sweep with another pipe
 can skip it. An entry is the module as imported *after* the parameters were lifted into
 arguments (kbd.worker.ingress.lift_parameters): the weights still come from the model at run time.
 
-Entry files are `<dir>/<key[:2]>/<key>.mlir`: a header line with the body's size and sha256,
-then the MLIR text. An entry whose header, size or checksum does not match is deleted and
-rebuilt, never used. Writes go to a temporary file renamed into place; after each write the
-least recently used entries are evicted until the cache is within its bound.
+Entry files are `<dir>/<key[:2]>/<key>.mlir`, verified as kbd.entries says: an entry whose
+header, size or checksum does not match is deleted and rebuilt, never used; the least recently
+used entries are evicted beyond the cache's bound.
 
 Only the supervisor reads and writes entries: it puts a verified entry's text in the job, and
 stores the module a worker sends back (`Imported`) under the key it chose itself. Workers need no
@@ -18,21 +17,20 @@ access to the cache directory at all.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 import msgspec
 
+from kbd import entries
 from kbd.protocol import ImportCache, Job
 
 FORMAT = "kbd-import-cache 1"
 DEFAULT_MAX_BYTES = 1 << 30
 DIRECTORY = "import-cache"  # under .kbd/
+SUFFIX = ".mlir"
 # kbd code the imported module depends on (hashed into every key).
 _INGRESS_CODE = (
     "worker/ingress.py",
@@ -61,62 +59,8 @@ def attach(job: Job, directory: Path, max_bytes: int) -> Job:
 
 def lookup(cache: ImportCache) -> str | None:
     """The verified text of the entry for `cache.key`, or None (absent, or corrupt: removed)."""
-    path = _path(cache)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    text = _verified(data)
-    if text is None:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # recently used: evicted last
-    return text
-
-
-def store(cache: ImportCache, module: str) -> None:
-    """Write an entry atomically, then evict the least recently used beyond the bound."""
-    body = module.encode()
-    header = f"{FORMAT} size={len(body)} sha256={hashlib.sha256(body).hexdigest()}\n".encode()
-    path = _path(cache)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header + body)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    evict(Path(cache.directory), cache.max_bytes)
-
-
-def evict(directory: Path, max_bytes: int) -> None:
-    """Remove least recently used entries until the cache holds at most `max_bytes`."""
-    entries = []
-    for path in directory.glob("*/*.mlir"):
-        with contextlib.suppress(OSError):
-            st = path.stat()
-            entries.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in entries)
-    for _, size, path in sorted(entries):
-        if total <= max_bytes:
-            break
-        with contextlib.suppress(OSError):
-            path.unlink()
-        total -= size
-
-
-def _verified(data: bytes) -> str | None:
-    header, newline, body = data.partition(b"\n")
-    if not newline:
-        return None
-    fields = header.decode("ascii", "replace").split(" ")
-    expected = f"{FORMAT} size={len(body)} sha256={hashlib.sha256(body).hexdigest()}"
-    if " ".join(fields) != expected:
+    body = entries.read(_path(cache), FORMAT)
+    if body is None:
         return None
     try:
         return body.decode()
@@ -124,8 +68,18 @@ def _verified(data: bytes) -> str | None:
         return None
 
 
+def store(cache: ImportCache, module: str) -> None:
+    """Write an entry atomically, then evict the least recently used beyond the bound."""
+    entries.write(_path(cache), FORMAT, module.encode(), cache.max_bytes)
+
+
+def evict(directory: Path, max_bytes: int) -> None:
+    """Remove least recently used entries until the cache holds at most `max_bytes`."""
+    entries.evict(directory, SUFFIX, max_bytes)
+
+
 def _path(cache: ImportCache) -> Path:
-    return Path(cache.directory) / cache.key[:2] / f"{cache.key}.mlir"
+    return entries.path(cache.directory, cache.key, SUFFIX)
 
 
 @functools.cache

@@ -99,6 +99,30 @@ class ImportCache(msgspec.Struct, frozen=True):
     module: str | None = None
 
 
+class Signature(msgspec.Struct, frozen=True):
+    """How compiled code is called: its out-param and input buffers, each (dims, element type),
+    and the inputs it writes (their new values are its first outputs, in this order)."""
+
+    outputs: list[tuple[tuple[int, ...], str]]
+    inputs: list[tuple[tuple[int, ...], str]]
+    mutated: tuple[int, ...] = ()
+
+
+class CompileCache(msgspec.Struct, frozen=True):
+    """The compile cache's part of a job (kbd.compile_cache; the supervisor owns the cache).
+
+    `library` is a verified cached shared library that the supervisor copied into the worker's
+    scratch folder, with its `signature`; None means the worker compiles and sends what it
+    built back in a `Library` frame, when it can be cached.
+    """
+
+    key: str
+    directory: str  # where the supervisor keeps entries (workers never touch it)
+    max_bytes: int
+    library: str | None = None
+    signature: Signature | None = None
+
+
 class BenchOptions(msgspec.Struct, frozen=True):
     """How to time a passing kernel (`--benchmark`): see kbd/worker/bench.py."""
 
@@ -171,6 +195,7 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     bench: BenchOptions | None = None  # time the kernel after it passes
     mode: Mode = "import"
     inspect: Inspect = Inspect()  # IR printing and object files
+    compile_cache: CompileCache | None = None  # None: compile without the cache
 
 
 class Budget(msgspec.Struct, frozen=True):
@@ -256,6 +281,7 @@ class Result(msgspec.Struct, frozen=True, tag="result"):
     coverage: Coverage | None = None  # compile mode only
     random_inputs: int = 0  # random ops in forward replaced by tensors drawn by eager
     state_writes: list[str] = []  # buffers and inputs forward wrote, carried out
+    compile_cache: str | None = None  # "hit", "miss", or "not cached: <why>"; None: not used
 
 
 class Imported(msgspec.Struct, frozen=True, tag="imported"):
@@ -282,7 +308,15 @@ class Generated(msgspec.Struct, frozen=True, tag="generated"):
     fields: dict[str, Any] = {}
 
 
-WorkerMessage = Phase | Result | Imported | Generated
+class Library(msgspec.Struct, frozen=True, tag="library"):
+    """A freshly compiled kernel as a shared library, for the supervisor's compile cache."""
+
+    key: str
+    data: bytes
+    signature: Signature
+
+
+WorkerMessage = Phase | Result | Imported | Library | Generated
 
 
 # --- supervisor <-> template ----------------------------------------------------------------

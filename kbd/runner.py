@@ -17,15 +17,14 @@ from pathlib import Path
 
 import anyio
 import msgspec
-import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import bundles, containment, dumps, import_cache, protocol
+from kbd import bundles, compile_cache, containment, dumps, import_cache, proctree, protocol
 from kbd.bench import stats
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect, label
-from kbd.protocol import Generated, Imported, Job, Phase, Result, Task, WorkerMessage
+from kbd.protocol import Generated, Imported, Job, Library, Phase, Result, Task, WorkerMessage
 from kbd.spawner import Spawner, Worker
 
 LOG_CAP_BYTES = 32 << 20
@@ -48,6 +47,7 @@ class WorkerEnd:
     exit_code: int | None = None
     exit_peak: int = 0
     imported: Imported | None = None  # a fresh module for the import cache
+    library: Library | None = None  # a fresh library for the compile cache
     log_bytes: int = 0
     drained: anyio.Event = field(default_factory=anyio.Event)
     wall_s: float = 0.0
@@ -85,7 +85,11 @@ async def run_kernel(
 
 
 async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
-    job = await _with_cached_import(job)
+    job = await _with_cached_library(job)
+    if job.compile_cache is None or job.compile_cache.library is None:
+        job = await _with_cached_import(job)
+    else:  # nothing is imported: the import cache is not used
+        job = msgspec.structs.replace(job, import_cache=None)
     state = await run_in_worker(
         spawner,
         job,
@@ -100,6 +104,10 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
     if imported is not None and job.import_cache and imported.key == job.import_cache.key:
         with contextlib.suppress(OSError):  # a full disk costs the cache entry, not the result
             await anyio.to_thread.run_sync(import_cache.store, job.import_cache, imported.module)
+    library = state.library
+    if library is not None and job.compile_cache and library.key == job.compile_cache.key:
+        with contextlib.suppress(OSError):
+            await anyio.to_thread.run_sync(compile_cache.store, job.compile_cache, library)
     record = _record(entry, job, state, timeout, log_path)
     failure = classify(state.result, state.death(job.limits.mem_limit, timeout))
     return await anyio.to_thread.run_sync(_with_artifacts, record, failure, job, log_path)
@@ -169,6 +177,18 @@ async def _with_cached_import(job: Job) -> Job:
     )
 
 
+async def _with_cached_library(job: Job) -> Job:
+    """The job with its compile cache entry's library in the worker's scratch folder, when
+    there is a valid one."""
+    if job.compile_cache is None or job.limits.scratch is None:
+        return job
+    library = await anyio.to_thread.run_sync(compile_cache.lookup, job.compile_cache)
+    if library is None:
+        return job
+    scratch = Path(job.limits.scratch)
+    return await anyio.to_thread.run_sync(compile_cache.install, job, library, scratch)
+
+
 async def _supervise(
     spawner, worker, task, name, mem_limit, timeout, state, on_phase, on_memory
 ) -> None:
@@ -204,6 +224,8 @@ async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase) -> N
                 on_phase(kernel, message.name)
             elif isinstance(message, Imported):
                 state.imported = message  # run_kernel checks it is the job's key
+            elif isinstance(message, Library):
+                state.library = message  # run_kernel checks it is the job's key
             else:
                 state.result = message
     except (
@@ -224,12 +246,8 @@ async def _watch_memory(pid, mem_limit, state, on_memory, kernel, scope) -> None
     processes, file-backed growth). RSS includes the template's shared pages, hence the slack.
     """
     threshold = None if mem_limit is None else mem_limit + WORKER_BASE_BYTES
-    try:
-        root = psutil.Process(pid)
-    except psutil.Error:
-        return
     while True:
-        rss = _tree_rss(root)
+        rss = proctree.tree_rss(pid)
         state.peak_rss = max(state.peak_rss, rss)
         on_memory(kernel, rss)
         if threshold is not None and rss > threshold:
@@ -238,16 +256,6 @@ async def _watch_memory(pid, mem_limit, state, on_memory, kernel, scope) -> None
             scope.cancel()
             return
         await anyio.sleep(MEMORY_POLL_S)
-
-
-def _tree_rss(root: psutil.Process) -> int:
-    total = 0
-    with contextlib.suppress(psutil.Error):
-        total += root.memory_info().rss
-        for child in root.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                total += child.memory_info().rss
-    return total
 
 
 async def _kill_and_reap(spawner: Spawner, worker: Worker, state: WorkerEnd) -> None:
@@ -334,6 +342,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         expected=str(entry.xfail) if entry.xfail else None,
         log=str(log_path),
         import_cache=_cache_use(job, state),
+        compile_cache=result.compile_cache if result else None,
         bench=bench,
         not_benchmarked=not_benchmarked,
         coverage=result.coverage if result else None,

@@ -64,6 +64,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
     opt_level: int = 3  # LLVM optimisation level of the JIT
     import_cache: bool = True  # reuse imported MLIR from <cwd>/.kbd/import-cache
+    compile_cache: bool = True  # reuse compiled libraries from <cwd>/.kbd/compile-cache
     # import: torch.export of the whole forward; compile: torch.compile with kbd's Dynamo
     # backend; both: each kernel both ways (two records, keyed by kernel and mode)
     mode: Literal["import", "compile", "both"] = "import"
@@ -150,6 +151,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         max_tolerance=args.max_tolerance,
         opt_level=_opt_level(args),
         import_cache=not args.no_import_cache,
+        compile_cache=not args.no_compile_cache,
         mode=args.mode,
         jobs=args.jobs,
         timeout=args.timeout,

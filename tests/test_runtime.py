@@ -10,7 +10,7 @@ import pytest
 
 from kbd.worker import runtime
 
-COPY = runtime._SYMBOLS["memrefCopy"]
+COPY = runtime.SYMBOLS["memrefCopy"]
 
 
 class MemRef:

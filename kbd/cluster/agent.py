@@ -24,7 +24,7 @@ import msgspec
 import ray
 
 import kbd
-from kbd import limits, scheduler
+from kbd import compile_cache, limits, scheduler
 from kbd.cluster import versions, wire
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
 from kbd.protocol import Phase
@@ -99,7 +99,11 @@ class Agent:
         """Run one kernel: stream Phase events (the first one at once), then its Finished record."""
         task = wire.decode(dispatch, Dispatch)
         yield wire.encode(Phase("start"))
-        plan = Planned(entry=task.entry, job=task.job, memory=task.memory, expected_s=0.0)
+        job = task.job
+        if job.compile_cache is not None:  # compiled for this node's CPU: keyed by it
+            cache = job.compile_cache
+            job = compile_cache.attach(job, Path(cache.directory), cache.max_bytes)
+        plan = Planned(entry=task.entry, job=job, memory=task.memory, expected_s=0.0)
         reason = scheduler.too_big(plan, self.budget)
         if reason is not None:
             yield wire.encode(Finished(self._mark(scheduler.skipped(plan, reason))))

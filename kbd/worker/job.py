@@ -17,8 +17,18 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from kbd.protocol import Imported, Job, Replay, Result
-from kbd.worker import bench, cached_import, check, ingress, mlir, runtime, stages, state
+from kbd.protocol import Imported, Job, Library, Replay, Result
+from kbd.worker import (
+    bench,
+    cached_import,
+    check,
+    ingress,
+    library,
+    mlir,
+    runtime,
+    stages,
+    state,
+)
 
 _MEMORY_MARKERS = ("can't allocate memory", "out of memory", "unable to allocate", "bad_alloc")
 
@@ -50,11 +60,12 @@ def run(
     job: Job,
     announce: Callable[[str], None],
     limits_enforced: dict[str, str],
-    send: Callable[[Imported], None] = lambda message: None,
+    send: Callable[[Imported | Library], None] = lambda message: None,
 ) -> Result:
     """Run the job and return its result; never raises for a kernel's own failure.
 
-    `send` carries a freshly imported module to the supervisor's import cache."""
+    `send` carries a freshly imported module to the supervisor's import cache, and a freshly
+    compiled library to its compile cache."""
     step = _Step(announce)
     try:
         return _run(job, step, limits_enforced, send)
@@ -100,17 +111,28 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         weights = ingress.buffers_from_args(lifted_args[: len(lifted_args) - len(inputs)])
         names = [*getattr(lifted, "names", [])[: len(weights)], *_input_names(len(inputs))]
         inputs = [*weights, *inputs]
-        module = cached_import.import_module(job, lifted, lifted_args, send)
-        mutated = mlir.mutated_inputs(module)
-        out_types, in_types = mlir.results_to_out_params(module)
+        compiled = library.load_cached(job)
+        if compiled is not None:  # the compile cache had it: no import, pipeline or JIT
+            out_types, in_types = library.buffer_types(job.compile_cache.signature)
+            mutated = job.compile_cache.signature.mutated
+        else:
+            module = cached_import.import_module(job, lifted, lifted_args, send)
+            mutated = mlir.mutated_inputs(module)
+            out_types, in_types = mlir.results_to_out_params(module)
         _check_signature(job, out_types[len(mutated) :], in_types, eager.expected, inputs)
-    pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
-    pipeline.run(module, job.kernel)
-    with step("jit"):
-        if job.bench is not None:
-            mlir.add_bench_wrappers(module, len(out_types) + len(in_types))
-        compiled = mlir.Compiled(module, job.opt_level, openmp=runtime.uses_openmp(job.stages))
-        pipeline.compiled(compiled)
+    cache_use = "hit" if compiled is not None else None
+    if compiled is None:
+        pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
+        pipeline.run(module, job.kernel)
+        with step("jit"):
+            if job.bench is not None:
+                mlir.add_bench_wrappers(module, len(out_types) + len(in_types))
+            openmp = runtime.uses_openmp(job.stages)
+            compiled = mlir.Compiled(module, job.opt_level, openmp=openmp)
+            pipeline.compiled(compiled)
+            if job.compile_cache is not None:
+                sig = library.signature(out_types, in_types, mutated)
+                compiled, cache_use = library.offer(job, compiled, module, sig, send)
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     with step("run"):
         compiled([*outputs, *inputs])
@@ -131,6 +153,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         ),
         random_inputs=len(eager.random),
         state_writes=[names[i] for i in mutated],
+        compile_cache=cache_use,
     )
 
 

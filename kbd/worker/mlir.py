@@ -34,6 +34,7 @@ from kbd.worker import decompositions, runtime
 ENTRY = "main"
 TRANSFORM_ENTRY = "__transform_main"
 CIFACE_PREFIX = "_mlir_ciface_"  # the C interface of a function with llvm.emit_c_interface
+PACKED_PREFIX = "_mlir_"  # the ExecutionEngine's packed-argument wrapper of a function
 BENCH_ENTRY = "__kbd_bench"  # times batches of calls to @main
 NOOP_BENCH_ENTRY = "__kbd_bench_noop"  # the same loop around an empty function: the overhead
 
@@ -354,17 +355,38 @@ def set_target_features(module: ir.Module, features: Sequence[str]) -> None:
 
 
 class Compiled:
-    """A JIT-compiled module whose entry takes (outputs..., inputs...) as memrefs."""
+    """Compiled code whose entry takes (outputs..., inputs...) as memrefs: JIT-compiled by the
+    ExecutionEngine, or loaded from a shared library built from the JIT's object code
+    (`from_library`, see kbd.worker.library)."""
 
     def __init__(self, module: ir.Module, opt_level: int, *, openmp: bool = False):
         """`openmp`: load the OpenMP runtime (the module has parallel loops lowered to it)."""
         libraries = runtime.openmp_libraries() if openmp else []
         self._engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=libraries)
         runtime.register(self._engine)
-        self._entry = self._engine.lookup(ENTRY)  # forces compilation now, not at first call
+        self._address = lambda name: self._engine.raw_lookup(CIFACE_PREFIX + name)
+        self._entry = self._function(ENTRY)  # forces compilation now, not at first call
+
+    @classmethod
+    def from_library(cls, path: Path, *, openmp: bool = False) -> Compiled:
+        """Load a library `kbd.worker.library.link` built; raises OSError when it does not load
+        (e.g. a symbol the process lacks)."""
+        if openmp:
+            runtime.openmp_libraries()  # its __kmpc_* symbols resolve the library's calls
+        library = ctypes.CDLL(str(path))  # RTLD_LOCAL: its symbols stay its own
+
+        def address(name: str) -> int | None:
+            symbol = getattr(library, PACKED_PREFIX + CIFACE_PREFIX + name, None)
+            return ctypes.cast(symbol, ctypes.c_void_p).value if symbol is not None else None
+
+        self = cls.__new__(cls)
+        self._library = library
+        self._address = address
+        self._entry = self._function(ENTRY)
+        return self
 
     def write_object(self, path: Path) -> None:
-        """Write the compiled machine code as an object file (e.g. for objdump -d)."""
+        """Write the JIT-compiled machine code as an object file (e.g. for objdump -d)."""
         self._engine.dump_to_object_file(str(path))
 
     def __call__(self, buffers: Sequence[np.ndarray]) -> None:
@@ -372,7 +394,23 @@ class Compiled:
 
     def timer(self, buffers: Sequence[np.ndarray], *, noop: bool = False) -> BenchTimer:
         """The module's timing loop (see `add_bench_wrappers`) bound to these buffers."""
-        return BenchTimer(self._engine.lookup(NOOP_BENCH_ENTRY if noop else BENCH_ENTRY), buffers)
+        return BenchTimer(self._function(NOOP_BENCH_ENTRY if noop else BENCH_ENTRY), buffers)
+
+    def _function(self, name: str):
+        """The packed-interface wrapper of function `name` (emitted with a C interface)."""
+        address = self._address(name)
+        if not address:
+            raise RuntimeError(f"the compiled code has no function {name}")
+        return ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+
+
+def external_functions(module: ir.Module) -> set[str]:
+    """Names of the functions a module lowered to LLVM declares without defining them."""
+    names = set()
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and not op.regions[0].blocks:
+            names.add(ir.StringAttr(op.attributes["sym_name"]).value)
+    return names
 
 
 class _Packed:

@@ -54,12 +54,12 @@ _MEMREF_COPY_TYPE = ctypes.CFUNCTYPE(
     None, ctypes.c_int64, ctypes.POINTER(_UnrankedMemRef), ctypes.POINTER(_UnrankedMemRef)
 )
 # Module-level references keep the callbacks alive as long as any engine may call them.
-_SYMBOLS = {"memrefCopy": _MEMREF_COPY_TYPE(_memref_copy)}
+SYMBOLS = {"memrefCopy": _MEMREF_COPY_TYPE(_memref_copy)}
 
 
 def register(engine) -> None:
     """Make kbd's runtime symbols visible to code JIT-compiled by `engine`."""
-    for name, callback in _SYMBOLS.items():
+    for name, callback in SYMBOLS.items():
         engine.raw_register_runtime(name, ctypes.cast(callback, ctypes.c_void_p))
 
 
