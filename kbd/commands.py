@@ -1,4 +1,9 @@
-"""`kbd run` and `kbd sweep`: plan the selected kernels, run them, report and store results."""
+"""`kbd run` and `kbd sweep`: plan the selected kernels, run them, report and store results.
+
+The scheduler, the template's spawner and anyio are imported where a command runs in this
+process: a command a daemon serves never loads them (client start-up is part of every
+`kbd run`, and the daemon already has them).
+"""
 
 from __future__ import annotations
 
@@ -9,35 +14,23 @@ import sys
 import time
 from argparse import Namespace
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anyio
 import msgspec
 
-from kbd import (
-    catalog,
-    cluster,
-    compile_cache,
-    containment,
-    descriptor,
-    dumps,
-    import_cache,
-    limits,
-    reports,
-    scheduler,
-    spec,
-)
+from kbd import catalog, cluster, descriptor, limits, reports, spec
 from kbd.catalog import Entry
 from kbd.errors import ClusterError, InputError
 from kbd.outcome import Record, label
 from kbd.outcomes import is_final
 from kbd.progress import Progress
 from kbd.protocol import Inspect, Job, Limits, Stage
-from kbd.scheduler import Hooks, Planned
-from kbd.spawner import Spawner, TemplateError
 from kbd.spec import SweepSpec
 from kbd.store import Store, Sweep
+
+if TYPE_CHECKING:
+    from kbd.scheduler import Planned
 
 SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
 MODES = {"import": ("import",), "compile": ("compile",), "both": ("import", "compile")}
@@ -104,6 +97,18 @@ def run_or_sweep(args: Namespace) -> int:
         status = submit.run_or_sweep(args, options, resumed)
         if status is not None:
             return status  # the daemon ran it
+    return _run_here(args, options, store, resumed)
+
+
+def _run_here(args: Namespace, options: SweepSpec, store: Store | None, resumed: Sweep | None):
+    """Run in this process, with a template of its own (or on a cluster)."""
+    import anyio
+
+    from kbd import scheduler
+    from kbd.scheduler import Hooks
+    from kbd.spawner import TemplateError
+
+    sweep = store is not None
     prepared = prepare(options, store, resumed, shlex.join(["kbd", *sys.argv[1:]]))
     if prepared.note:
         print(prepared.note, file=sys.stderr)
@@ -195,6 +200,8 @@ def template_env(cores_per_worker: int) -> dict[str, str]:
 
 def fatal_error(exc: BaseException) -> BaseException:
     """The TemplateError or ClusterError inside `exc` (maybe a group); re-raises anything else."""
+    from kbd.spawner import TemplateError
+
     if isinstance(exc, BaseExceptionGroup):
         found, _ = exc.split((TemplateError, ClusterError))
         if found is None:
@@ -206,6 +213,11 @@ def fatal_error(exc: BaseException) -> BaseException:
 
 
 async def _execute(env, log_dir, plans, pool, jobs, timeout, hooks, progress) -> bool:
+    import anyio
+
+    from kbd import scheduler
+    from kbd.spawner import Spawner
+
     async with (
         Spawner.started(env, log_dir / "template.log") as spawner,
         anyio.create_task_group() as group,
@@ -227,6 +239,8 @@ async def _execute(env, log_dir, plans, pool, jobs, timeout, hooks, progress) ->
 
 async def _tick(progress: Progress) -> None:
     """Redraw the live display so elapsed times and memory keep moving."""
+    import anyio
+
     while True:
         await anyio.sleep(0.5)
         progress.render()
@@ -234,6 +248,9 @@ async def _tick(progress: Progress) -> None:
 
 def _plan(options: SweepSpec, store: Store | None):
     """Load and check the selected kernels and build one job per kernel."""
+    from kbd import compile_cache, containment, dumps, import_cache, scheduler
+    from kbd.scheduler import Planned
+
     root = catalog.kernelbench_root(options.kernelbench)
     files = [Path(f) for f in options.levels] or catalog.default_levels_files(options.shapes)
     entries = catalog.select(catalog.load(files), list(options.kernels))
@@ -333,6 +350,8 @@ def _hash(value) -> str:
 
 
 def _version(name: str) -> str:
+    from importlib import metadata
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

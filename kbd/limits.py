@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
-import psutil
-
-from kbd.catalog import Entry
 from kbd.errors import InputError
 from kbd.protocol import Tensor
+
+if TYPE_CHECKING:
+    from kbd.catalog import Entry
 
 _UNITS = {
     "": 1,
@@ -69,6 +70,8 @@ def usable_cores() -> list[int]:
 def default_budget() -> int:
     """Memory all running workers may use together: a fraction of what is available now,
     keeping a reserve for the system."""
+    import psutil  # here: clients that only talk to a daemon never need it
+
     available = psutil.virtual_memory().available
     return max(1 << 30, min(int(available * BUDGET_FRACTION), available - RESERVE_BYTES))
 
