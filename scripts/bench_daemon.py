@@ -1,22 +1,30 @@
-"""Measure what the daemon and the import cache buy, both sides in one run.
+"""Measure what the daemon and its caches buy, both sides in one run.
 
-1. `kbd run` of one small level-1 kernel (ReLU on 16x1024), end to end (the whole command),
-   without a daemon (`--no-daemon`) and with a warm daemon.
+1. `kbd run` of one small level-1 kernel, end to end (the whole command, client start-up
+   included), without a daemon (`--no-daemon`) and with a warm daemon: ReLU on 16x1024 (a
+   scratch levels file), and `kbd run level1/19_` as typed (the default catalog, ReLU at its smoke
+   shape 16x393216). With a warm daemon each is measured with warm caches (a rerun), with the
+   compile cache emptied before each sample (the pipeline and JIT run; the import cache is
+   warm) and with both caches emptied.
 2. Marginal cost per trivial kernel in a sweep through a warm daemon: (wall of N kernels - wall
-   of 1) / (N - 1), with a cold import cache (emptied before each sweep) and a warm one. The
-   trivial kernels are eight level-1 activations at 16x1024 (a scratch levels file), not at
-   their smoke shapes (16x393216), where the scalar loops themselves take seconds.
-3. `-j 2` against `-j 1` on eight compute-bound kernels (level-1 matmuls at smoke shapes),
-   with a warm daemon.
+   of 1) / (N - 1), with both caches emptied before each sweep ("cold": import, pipeline, JIT),
+   with only the compile cache emptied (a re-sweep with another pipeline) and with both warm.
+   The trivial kernels are eight level-1 activations at 16x1024 (a scratch levels file), not at
+   their smoke shapes (16x393216), where the scalar loops themselves take much longer.
+3. `-j 2` against `-j 1` on eight compute-bound kernels (level-1 matmuls at smoke shapes), with a
+   warm daemon and warm caches, and with the compile cache bypassed (`--no-compile-cache`: each
+   kernel pays its pipeline and JIT too).
 
-Needs KernelBench (KBD_KERNELBENCH or the submodule). Prints the CPU, medians and ratios.
-Run it with `scripts/bench-daemon [--samples N]`; it uses a scratch directory and stops the
-daemon it started.
+Every command runs with the default options (-O3 JIT). Needs KernelBench (KBD_KERNELBENCH or
+the submodule). Prints the CPU, the load average before and after (figures taken on a shared
+machine are contended), medians and ratios. Run it with `scripts/bench-daemon [--samples N]`;
+it uses a scratch directory and stops the daemon it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -31,6 +39,7 @@ TRIVIAL = [f"level1/{n}_" for n in (19, 20, 21, 22, 25, 26, 29, 30)]  # elementw
 COMPUTE = [f"level1/{n}_" for n in (1, 2, 3, 4, 6, 7, 8, 9)]  # matmuls
 LEVELS = str(ROOT / "levels" / "level1.yaml")
 TINY = "16x1024"
+CACHES = ("import-cache", "compile-cache")
 
 
 def tiny_levels(path: Path) -> str:
@@ -84,52 +93,76 @@ def main() -> None:
         ),
         "unknown CPU",
     )
-    print(f"CPU: {cpu}; {samples_note(args.samples)}")
+    print(f"CPU: {cpu}, {os.cpu_count()} cores; median of {args.samples} samples per figure")
+    print(f"load average before: {_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="kbd-bench-daemon-") as scratch:
         cwd = Path(scratch)
-        cache = cwd / ".kbd" / "import-cache"
-        common = ("--levels", tiny_levels(cwd / "tiny.yaml"))
+
+        def empty(*names: str):
+            def before() -> None:
+                for name in names:
+                    shutil.rmtree(cwd / ".kbd" / name, ignore_errors=True)
+
+            return before
+
+        tiny = ("--levels", tiny_levels(cwd / "tiny.yaml"))
         try:
-            cold = median(cwd, args.samples, "run", *common, SMALL, "--no-daemon")
+            runs = {"tiny": (*tiny, SMALL), "as typed": (SMALL,)}
+            alone = {
+                name: median(cwd, args.samples, "run", *command, "--no-daemon")
+                for name, command in runs.items()
+            }
             started = time.perf_counter()
             kbd(cwd, "daemon", "start")
-            print(f"daemon start (until warm): {time.perf_counter() - started:.2f}s")
-            kbd(cwd, "run", *common, SMALL)  # fill the import cache for this kernel
-            warm = median(cwd, args.samples, "run", *common, SMALL)
-            print(
-                f"1. kbd run {SMALL}: without daemon {cold:.2f}s, warm daemon {warm:.2f}s "
-                f"({cold / warm:.1f}x)"
-            )
+            print(f"daemon start (until warm): {time.perf_counter() - started:.2f}s", flush=True)
+            for name, command in runs.items():
+                kbd(cwd, "run", *command)  # fill the caches for this kernel
+                warm = median(cwd, args.samples, "run", *command)
+                cold_compile = median(
+                    cwd, args.samples, "run", *command, before=empty("compile-cache")
+                )
+                cold = median(cwd, args.samples, "run", *command, before=empty(*CACHES))
+                print(
+                    f"1. kbd run {SMALL} ({name}): without daemon {alone[name]:.2f}s; warm daemon "
+                    f"{warm:.2f}s with warm caches ({alone[name] / warm:.1f}x), "
+                    f"{cold_compile:.2f}s with the compile cache empty, "
+                    f"{cold:.2f}s with both caches empty",
+                    flush=True,
+                )
 
-            def empty_cache() -> None:
-                shutil.rmtree(cache, ignore_errors=True)
-
-            sweep = ("sweep", *common, "--db", str(cwd / ".kbd" / "results.db"))
-            for label, before in (("cold import cache", empty_cache), ("warm import cache", None)):
-                before = before or (lambda: None)
-                if label.startswith("warm"):
-                    kbd(cwd, *sweep, *TRIVIAL)
+            sweep = ("sweep", *tiny, "--db", str(cwd / ".kbd" / "results.db"))
+            for label, before in (
+                ("cold caches", empty(*CACHES)),
+                ("cold compile cache, warm import cache", empty("compile-cache")),
+                ("warm caches", lambda: None),
+            ):
+                kbd(cwd, *sweep, *TRIVIAL)  # fill the import cache (and the compile cache)
                 one = median(cwd, args.samples, *sweep, TRIVIAL[0], before=before)
                 many = median(cwd, args.samples, *sweep, *TRIVIAL, before=before)
                 marginal = (many - one) / (len(TRIVIAL) - 1)
                 print(
                     f"2. {label}: 1 kernel {one:.2f}s, {len(TRIVIAL)} kernels {many:.2f}s, "
-                    f"marginal {marginal:.3f}s per kernel"
+                    f"marginal {marginal:.3f}s per kernel",
+                    flush=True,
                 )
             compute = ("sweep", "--levels", LEVELS, "--db", str(cwd / ".kbd" / "results.db"))
-            kbd(cwd, *compute, *COMPUTE, "-j", "1")  # warm both templates and the cache
-            j1 = median(cwd, args.samples, *compute, *COMPUTE, "-j", "1")
-            j2 = median(cwd, args.samples, *compute, *COMPUTE, "-j", "2")
-            print(
-                f"3. {len(COMPUTE)} compute-bound kernels: -j 1 {j1:.2f}s, -j 2 {j2:.2f}s "
-                f"({j1 / j2:.2f}x)"
-            )
+            bypass = ("--no-compile-cache",)
+            for label, extra in (("warm caches", ()), ("--no-compile-cache", bypass)):
+                kbd(cwd, *compute, *COMPUTE, *extra, "-j", "1")  # warm both templates and caches
+                j1 = median(cwd, args.samples, *compute, *COMPUTE, *extra, "-j", "1")
+                j2 = median(cwd, args.samples, *compute, *COMPUTE, *extra, "-j", "2")
+                print(
+                    f"3. {len(COMPUTE)} compute-bound kernels, {label}: -j 1 {j1:.2f}s, "
+                    f"-j 2 {j2:.2f}s ({j1 / j2:.2f}x)",
+                    flush=True,
+                )
         finally:
             kbd(cwd, "daemon", "stop", "--now")
+    print(f"load average after: {_load()}")
 
 
-def samples_note(samples: int) -> str:
-    return f"median of {samples} samples per figure"
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 if __name__ == "__main__":

@@ -99,14 +99,15 @@ def test_damaged_or_foreign_entries_are_removed_never_used(tmp_path):
 def test_rerun_loads_compiled_code_with_the_same_results(tmp_path):
     """A second run loads each kernel's library instead of importing, lowering and compiling;
     outcomes and errors are those of the first run (a mismatch stays a mismatch, state a
-    forward writes is still carried out). Damage is rebuilt; the option bypasses the cache."""
+    forward writes is still carried out, --benchmark times the library's loops). Damage is
+    rebuilt; the option bypasses the cache."""
     levels = tmp_path / "levels.yaml"
     levels.write_text(
         (FIXTURES / "levels.yaml").read_text() + "- kernel: level7/5_buffer_mutation.py\n"
     )
     kernels = ("level1/1_", "level1/2_", "level9/1_", "level7/5_")
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), *kernels, "--json"]
-    args += ["-j", "1", "-O", "1"]
+    args += ["-j", "1", "-O", "1", "--benchmark", "--bench-time", "0", "--bench-samples", "1"]
     first = json_records(kbd("run", *args, cwd=tmp_path).stdout)
     assert {r["compile_cache"] for r in first.values()} == {"miss"}
     assert {r["import_cache"] for r in first.values()} == {"miss"}
@@ -120,6 +121,7 @@ def test_rerun_loads_compiled_code_with_the_same_results(tmp_path):
         assert "pipeline" not in again["times"] and "jit" not in again["times"]
         for field in ("outcome", "phase", "max_abs_error", "passing_tolerance", "state_writes"):
             assert again[field] == record[field], (kernel, field)
+        assert (again["bench"] is None) == (record["bench"] is None)  # timed from the library
     assert first["level9/1_mismatch"]["outcome"] == "mismatch"
     assert first["level7/5_buffer_mutation"]["state_writes"] == ["running"]
 
