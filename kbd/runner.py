@@ -342,7 +342,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         expected=str(entry.xfail) if entry.xfail else None,
         log=str(log_path),
         import_cache=_cache_use(job, state),
-        compile_cache=result.compile_cache if result else None,
+        compile_cache=_compile_cache_use(job, result),
         bench=bench,
         not_benchmarked=not_benchmarked,
         coverage=result.coverage if result else None,
@@ -358,6 +358,16 @@ def _cache_use(job: Job, state: WorkerEnd) -> str | None:
     if state.imported is not None or job.import_cache.module is None:
         return "miss"
     return "hit"
+
+
+def _compile_cache_use(job: Job, result: Result | None) -> str | None:
+    """What the worker said of the compile cache; for a kernel that ended without saying
+    (an error, a crash), 'hit' when it was given a cached library."""
+    if job.compile_cache is None:
+        return None
+    if result is not None and result.compile_cache is not None:
+        return result.compile_cache
+    return "hit" if job.compile_cache.library is not None else None
 
 
 def _limits(job: Job, timeout: float) -> dict[str, str]:

@@ -78,6 +78,18 @@ def offer(
     linker = shutil.which("ld")
     if linker is None:
         return compiled, NOT_CACHED + "no linker (ld) on PATH"
+    try:
+        data, loaded = _link_and_load(job, compiled, linker)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return compiled, NOT_CACHED + str(exc)
+    if len(data) > MAX_LIBRARY_BYTES:
+        return compiled, NOT_CACHED + f"library of {len(data)} bytes is too large"
+    send(Library(key=job.compile_cache.key, data=data, signature=sig))
+    return loaded, "miss"
+
+
+def _link_and_load(job: Job, compiled: mlir.Compiled, linker: str):
+    """(the library's bytes, the library loaded); raises with the reason when either fails."""
     scratch = Path(job.limits.scratch)
     obj, library = scratch / "kernel.o", scratch / "kernel.so"
     compiled.write_object(obj)
@@ -89,13 +101,10 @@ def offer(
     )
     if linked.returncode != 0:
         first = (linked.stderr.strip().splitlines() or ["failed"])[0]
-        return compiled, NOT_CACHED + f"ld: {first}"
+        raise RuntimeError(f"ld: {first}")
     data = library.read_bytes()
-    if len(data) > MAX_LIBRARY_BYTES:
-        return compiled, NOT_CACHED + f"library of {len(data)} bytes is too large"
     try:
         loaded = mlir.Compiled.from_library(library, openmp=runtime.uses_openmp(job.stages))
     except (OSError, RuntimeError) as exc:
-        return compiled, NOT_CACHED + f"the library does not load ({exc})"
-    send(Library(key=job.compile_cache.key, data=data, signature=sig))
-    return loaded, "miss"
+        raise RuntimeError(f"the library does not load ({exc})") from None
+    return data, loaded
