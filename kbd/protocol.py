@@ -30,6 +30,7 @@ MAX_CLIENT_FRAME = 1024 * 1024  # what a daemon accepts from a client
 _HEADER = struct.Struct(">I")
 
 Mode = Literal["import", "compile"]  # torch.export of the whole model, or torch.compile (Dynamo)
+BenchLoop = Literal["jit", "python"]  # how --benchmark timed the compiled side (BenchSamples)
 
 
 class ProtocolError(Exception):
@@ -244,15 +245,23 @@ class BenchSamples(msgspec.Struct, frozen=True):
 
     Each sample is a batch of `*_batch` back-to-back calls; values are nanoseconds per call.
     Sample i of each side was taken next to sample i of the other (they pair up).
+    `loop` says how the compiled side was timed: "jit" (import mode), a loop inside the JIT code
+    around direct calls of the compiled function; "python" (compile mode), a Python loop calling
+    the whole compiled forward (Dynamo's guards, compiled subgraphs, the eager remainder), timed
+    exactly as eager is.
     """
 
     compiled_ns: list[float]
     eager_ns: list[float]
     compiled_batch: int
     eager_batch: int
-    overhead_ns: float  # per call: the compiled timing loop around an empty function
+    # Per call, the calling path measured on an empty function: the JIT loop calling an empty
+    # function ("jit"), or the Python loop calling an empty Python function ("python"; then it
+    # is part of both sides' times).
+    overhead_ns: float
     threads: int  # torch threads for eager (compiled code is single-threaded unless OpenMP)
     budget_hit: bool  # stopped by the time budget before the minimum time and samples
+    loop: BenchLoop = "jit"
 
 
 class Coverage(msgspec.Struct, frozen=True):

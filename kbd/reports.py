@@ -123,21 +123,31 @@ def compile_coverage(records: list[Record]) -> str:
 
 
 def side_by_side(records: list[Record], modes: list[str]) -> list[str]:
-    """One row per kernel, one column per mode: outcome (and coverage in compile mode)."""
+    """One row per kernel, one column per mode: outcome (and coverage in compile mode, and the
+    speedup over eager with its interval when benchmarked)."""
     by_key = {r.key: r for r in records}
     kernels = list(dict.fromkeys(r.kernel for r in records))
+    table = [[_mode_cell(by_key.get((kernel, mode))) for mode in modes] for kernel in kernels]
     width = max(len(k) for k in kernels)
-    rows = [f"{'kernel':<{width + 2}}" + "".join(f"{m:<44}" for m in modes).rstrip()]
-    for kernel in kernels:
-        cells = []
-        for mode in modes:
-            r = by_key.get((kernel, mode))
-            cell = "-" if r is None else r.outcome
-            if r is not None and r.coverage is not None:
-                cell += f" ({coverage(r)})"
-            cells.append(f"{cell:<44}")
-        rows.append(f"{kernel:<{width + 2}}" + "".join(cells).rstrip())
+    widths = [max(44, *(len(row[i]) + 2 for row in table)) for i in range(len(modes))]
+    head = "".join(f"{m:<{w}}" for m, w in zip(modes, widths, strict=True))
+    rows = [f"{'kernel':<{width + 2}}{head}".rstrip()]
+    for kernel, cells in zip(kernels, table, strict=True):
+        text = "".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True))
+        rows.append(f"{kernel:<{width + 2}}{text}".rstrip())
     return rows
+
+
+def _mode_cell(r: Record | None) -> str:
+    if r is None:
+        return "-"
+    cell = r.outcome
+    if r.coverage is not None:
+        cell += f" ({coverage(r)})"
+    if r.bench is not None:
+        b = r.bench
+        cell += f" {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}]"
+    return cell
 
 
 def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
@@ -190,6 +200,7 @@ def bench_properties(record: Record) -> dict[str, str]:
         "eager_gflops": b.eager.gflops,
         "overhead_ns": b.overhead_ns,
         "unstable": str(b.unstable).lower(),
+        "loop": b.loop,
     }
     return {
         k: (f"{v:.6g}" if isinstance(v, float) else str(v))

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kbd import reports
@@ -43,11 +44,13 @@ def _samples(compiled: float, eager: float, n: int = 60, noise: float = 0.02, se
     )
 
 
-def _record(kernel: str, outcome: str = "pass", speedup: float | None = None, **kw) -> Record:
+def _record(
+    kernel: str, outcome: str = "pass", speedup: float | None = None, mode: str = "import", **kw
+) -> Record:
     bench = None
     if speedup is not None:
         bench = stats.summarize(_samples(1000.0, 1000.0 * speedup, **kw), gflop=2e-3)
-    return Record(kernel=kernel, outcome=outcome, phase="bench", bench=bench)
+    return Record(kernel=kernel, mode=mode, outcome=outcome, phase="bench", bench=bench)
 
 
 # --- statistics ---------------------------------------------------------------------------
@@ -145,6 +148,37 @@ def test_fast_p_counts_correct_kernels_over_all_selected_ones():
     assert "fast_1.5" in table and "level1/c" in table
 
 
+def test_each_mode_has_its_own_fast_p():
+    records = [
+        _record("level1/a", speedup=2.0),
+        _record("level1/b", outcome="error"),
+        _record("level1/a", speedup=0.5, mode="compile"),
+        _record("level1/b", speedup=0.7, mode="compile"),
+    ]
+    imported, compiled = summary.by_level(records)
+    assert (imported.mode, imported.kernels, imported.timed) == ("import", 2, 1)
+    assert (compiled.mode, compiled.kernels, compiled.timed) == ("compile", 2, 2)
+    assert imported.fast_p["1"] == 0.5 and compiled.fast_p["1"] == 0.0
+    table = summary.table(records)
+    assert "mode" in table.splitlines()[0]
+    assert "level1/b [compile]" in table
+
+
+def test_compile_mode_figures_say_what_was_timed():
+    samples = msgspec.structs.replace(_samples(5000.0, 1000.0), loop="python", overhead_ns=80.0)
+    record = Record(
+        kernel="level1/a",
+        mode="compile",
+        outcome="pass",
+        phase="bench",
+        bench=stats.summarize(samples, gflop=None),
+    )
+    assert record.bench.loop == "python"
+    text = summary.describe(record)
+    assert text.startswith("compiled forward ") and "call overhead 80ns" in text
+    assert "compiled forward" not in summary.describe(_record("level1/a", speedup=2.0))
+
+
 # --- storage and JUnit ----------------------------------------------------------------------
 
 
@@ -205,6 +239,16 @@ def test_compare_finds_real_changes_and_ignores_noise():
     assert "level1/slower" in text and "level1/same" not in text.split("\n\n")[0]
 
 
+def test_compare_pairs_records_by_mode():
+    both = [_record("level1/k", speedup=2.0), _record("level1/k", speedup=0.5, mode="compile")]
+    rows = {r.kernel: r for r in compare.compare(both, both, threshold=0.05)}
+    assert set(rows) == {"level1/k", "level1/k [compile]"}
+    assert rows["level1/k [compile]"].speedup_a == pytest.approx(0.5, rel=0.05)
+    # one mode per sweep: an import-mode sweep compares with a compile-mode one, kernel by kernel
+    (row,) = compare.compare(both[:1], both[1:], threshold=0.05)
+    assert (row.kernel, row.verdict) == ("level1/k", "slower")
+
+
 def test_a_small_change_within_the_threshold_is_not_significant():
     before = [_record("level1/k", speedup=1.0, noise=0.001, seed=1)]
     after = [_record("level1/k", speedup=1.03, noise=0.001, seed=2)]
@@ -257,7 +301,7 @@ def test_html_report_parses_holds_the_data_and_needs_no_network():
     data = json.loads(parser.data_script)
     kernels = {k["kernel"]: k for k in data["kernels"]}
     assert kernels["level1/b"]["speedup"] == pytest.approx(8.0, rel=0.05)
-    assert kernels["level2/d"] == {"kernel": "level2/d", "outcome": "crash"}
+    assert kernels["level2/d"] == {"kernel": "level2/d", "mode": "import", "outcome": "crash"}
     assert [lv["level"] for lv in data["levels"]] == ["level1", "level2", "all"]
     assert data["levels"][0]["fast_p"]["1"] == 0.5
     assert "&lt;x&gt;" in page  # the title is escaped
@@ -305,12 +349,16 @@ def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):
     assert result.returncode == 2 and "--bench-budget" in result.stderr
 
 
-def test_schedules_never_see_the_timing_loops(tmp_path: Path):
+@pytest.mark.parametrize("mode", ["import", "compile"])
+def test_schedules_never_see_the_timing_loops(tmp_path: Path, mode: str):
     """The x86_64 matmul schedule applies a pass to `func.func`, which needs exactly one function:
-    the timing loops are added after the pipeline, so it works with --benchmark too."""
+    the timing loops are added after the pipeline, so it works with --benchmark too; in compile
+    mode the schedule's OpenMP loops run in each subgraph."""
     schedule = Path(__file__).resolve().parent.parent / "schedules/x86_64/matmul/f32.yaml"
     quick = ["--bench-time", "0.01", "--bench-samples", "2", "--pipeline", str(schedule)]
-    result = kbd("run", "--json", *fixture_args("level1/1_", "--benchmark", *quick), cwd=tmp_path)
+    selection = fixture_args("level1/1_", "--benchmark", "--mode", mode, *quick)
+    result = kbd("run", "--json", *selection, cwd=tmp_path)
     (record,) = json_records(result.stdout).values()
     assert record["outcome"] == "pass", record["message"]
     assert record["bench"]["compiled"]["n"] >= 2
+    assert record["bench"]["loop"] == {"import": "jit", "compile": "python"}[mode]

@@ -1,5 +1,6 @@
 """Compile mode (torch.compile with kbd's Dynamo backend) and `--mode both`, on fixture kernels:
-graph breaks, an eager-only forward, random ops and state written in forward, and faults."""
+graph breaks, an eager-only forward, random ops and state written in forward, faults, and
+`--benchmark` in both modes (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,51 @@ def test_both_modes_are_stored_and_shown(both):
     assert modes.count("import") == modes.count("compile") == len(EXPECTED)
     side = next(line for line in shown.stdout.splitlines() if line.startswith("level7/2_eager"))
     assert "pass" in side and "eager" in side
+
+
+def test_benchmark_in_both_modes(tmp_path):
+    """Compile mode times the whole compiled forward from Python; both modes' figures are stored
+    and shown side by side, in the fast_p table, the HTML page and `kbd compare`."""
+    quick = ["--benchmark", "--bench-time", "0.02", "--bench-samples", "3"]
+    selection = ["level7/1_", "level7/5_", "level9/1_", "--mode", "both", "-j", "2", *quick]
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(COMPILE_LEVELS), *selection]
+    result = kbd("sweep", *args, "--timeout", "60", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr  # the mismatch fixture, the graph break import
+    stored = kbd("results", "--json", cwd=tmp_path).stdout.splitlines()
+    records = {(r["kernel"], r["mode"]): r for r in map(json.loads, stored)}
+    for kernel in ("level7/1_graph_break", "level7/5_buffer_mutation"):
+        record = records[kernel, "compile"]
+        assert (record["outcome"], record["phase"]) == ("pass", "bench"), record["message"]
+        bench = record["bench"]
+        assert bench["loop"] == "python" and bench["samples"]["loop"] == "python"
+        assert bench["compiled"]["n"] >= 3 and bench["eager"]["n"] >= 3
+        assert bench["speedup"] > 0 and bench["overhead_ns"] > 0
+        assert record["coverage"]["subgraphs"] >= 1
+    # import mode times the state eager started from: a buffer-mutating forward still matches
+    stateful = records["level7/5_buffer_mutation", "import"]
+    assert (stateful["outcome"], stateful["bench"]["loop"]) == ("pass", "jit"), stateful["message"]
+    graph_break = records["level7/1_graph_break", "import"]
+    assert graph_break["not_benchmarked"].startswith("did not pass (error")
+    for mode in ("import", "compile"):
+        assert records["level9/1_mismatch", mode]["bench"] is None
+
+    fast_p = {tuple(r[:2]): r[2:4] for r in map(str.split, result.stdout.splitlines()) if r}
+    assert fast_p["level7", "compile"] == ["3", "2"]  # kernels, timed: per mode
+    assert fast_p["level7", "import"] == ["3", "1"]
+    lines = result.stdout.splitlines()
+    side = next(line for line in lines if line.startswith("level7/5_buffer_mutation "))
+    assert side.count("x [") == 2  # a speedup with its interval in each mode's column
+
+    page = tmp_path / "r.html"
+    assert kbd("results", "--html", str(page), cwd=tmp_path).returncode == 0
+    data = page.read_text().split('id="kbd-data">')[1].split("</script>")[0]
+    timed = {(k["kernel"], k["mode"]) for k in json.loads(data)["kernels"] if "speedup" in k}
+    assert timed == {
+        ("level7/1_graph_break", "compile"),
+        ("level7/5_buffer_mutation", "compile"),
+        ("level7/5_buffer_mutation", "import"),
+    }
+    compared = kbd("compare", "1", "1", "--json", cwd=tmp_path)
+    rows = [json.loads(line) for line in compared.stdout.splitlines()]
+    assert len(rows) == 6 and "level7/5_buffer_mutation [compile]" in {r["kernel"] for r in rows}
+    assert {r["verdict"] for r in rows} <= {"same", "failing"}

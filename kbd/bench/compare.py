@@ -25,7 +25,7 @@ Z95 = 1.959964
 
 
 class KernelComparison(msgspec.Struct, frozen=True):
-    kernel: str
+    kernel: str  # with its mode when not import mode ("level1/2_x [compile]")
     outcome_a: str | None  # None: not in that sweep
     outcome_b: str | None
     speedup_a: float | None = None
@@ -46,11 +46,20 @@ class KernelComparison(msgspec.Struct, frozen=True):
 
 
 def compare(a: Sequence[Record], b: Sequence[Record], threshold: float) -> list[KernelComparison]:
-    """One row per kernel in either sweep, in A's order then B's new kernels."""
-    by_a = {r.kernel: r for r in a}
-    by_b = {r.kernel: r for r in b}
-    names = [r.kernel for r in a] + [r.kernel for r in b if r.kernel not in by_a]
+    """One row per kernel in either sweep, in A's order then B's new kernels.
+
+    Records pair up by kernel and mode (`--mode both` sweeps give two rows per kernel), or by
+    kernel alone when each sweep ran in one mode, so that an import-mode sweep and a
+    compile-mode sweep compare too."""
+    single = len({r.mode for r in a}) <= 1 and len({r.mode for r in b}) <= 1
+    by_a = {_name(r, single): r for r in a}
+    by_b = {_name(r, single): r for r in b}
+    names = list(by_a) + [k for k in by_b if k not in by_a]
     return [_compare_one(k, by_a.get(k), by_b.get(k), threshold) for k in names]
+
+
+def _name(record: Record, single_mode: bool) -> str:
+    return record.kernel if single_mode else record.label
 
 
 def _compare_one(kernel: str, ra: Record | None, rb: Record | None, threshold: float):
@@ -156,7 +165,7 @@ def main(args) -> int:
         for row in rows:
             print(msgspec.json.encode(row).decode())
     else:
-        labels = [f"sweep {s.id}" for s in sweeps]
+        labels = [f"sweep {s.id}{_modes(r)}" for s, r in zip(sweeps, records, strict=True)]
         print(report(rows, labels[0], labels[1], args.threshold))
     regressions = [r for r in rows if r.regression]
     if args.fail_on_regression and regressions:
@@ -166,6 +175,14 @@ def main(args) -> int:
     return 0
 
 
+def _modes(records: list[Record]) -> str:
+    """' (compile mode)' or ' (import and compile mode)'; nothing for import mode alone."""
+    modes = sorted({r.mode for r in records}, key=lambda m: m != "import")
+    return "" if modes in ([], ["import"]) else f" ({' and '.join(modes)} mode)"
+
+
 def _ordered(records: list[Record], kernels: list[str]) -> list[Record]:
     position = {k: i for i, k in enumerate(kernels)}
-    return sorted(records, key=lambda r: position.get(r.kernel, len(position)))
+    return sorted(
+        records, key=lambda r: (position.get(r.kernel, len(position)), r.mode != "import")
+    )

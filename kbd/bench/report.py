@@ -24,17 +24,28 @@ def render(records: Sequence[Record], title: str) -> str:
     timed = summary.benchmarked(records)
     rows = [_row(r) for r in records]
     levels = summary.by_level(records)
+    modes = summary.modes(records)
     body = [f"<h1>{html.escape(title)}</h1>"]
     body.append(
         f"<p>{len(records)} kernels, {len(timed)} passed and timed. Speedup is eager median time "
         "over compiled median time (above 1: compiled is faster); fast_p is the fraction of all "
         "selected kernels that are correct and faster than p times eager.</p>"
     )
-    body.append(_levels_table(levels))
+    if "compile" in modes:
+        body.append(
+            "<p>In compile mode the compiled side is the whole compiled forward (Dynamo's guards, "
+            "the compiled subgraphs and what ran in eager) called from Python, timed with the "
+            "same Python loop as eager.</p>"
+        )
+    body.append(_levels_table(levels, several_modes=len(modes) > 1))
     if timed:
         body.append('<div class="charts">')
         body.append(_fast_p_chart(records))
-        body.append(_histogram([r.bench.speedup for r in timed]))
+        for mode in modes:
+            speedups = [r.bench.speedup for r in timed if r.mode == mode]
+            if speedups:
+                caption = f" ({mode} mode)" if len(modes) > 1 else ""
+                body.append(_histogram(speedups, caption))
         body.append("</div>")
     body.append(_kernel_table(rows))
     data = json.dumps({"title": title, "levels": [_level_data(x) for x in levels], "kernels": rows})
@@ -48,7 +59,7 @@ def render(records: Sequence[Record], title: str) -> str:
 
 
 def _row(r: Record) -> dict:
-    row: dict = {"kernel": r.kernel, "outcome": r.outcome}
+    row: dict = {"kernel": r.kernel, "mode": r.mode, "outcome": r.outcome}
     if r.bench is not None:
         b = r.bench
         row.update(
@@ -68,6 +79,7 @@ def _row(r: Record) -> dict:
 def _level_data(level: summary.LevelFigures) -> dict:
     return {
         "level": level.level,
+        "mode": level.mode,
         "kernels": level.kernels,
         "timed": level.timed,
         "fast_p": level.fast_p,
@@ -75,17 +87,19 @@ def _level_data(level: summary.LevelFigures) -> dict:
     }
 
 
-def _levels_table(levels: Sequence[summary.LevelFigures]) -> str:
+def _levels_table(levels: Sequence[summary.LevelFigures], several_modes: bool) -> str:
     head = "".join(f"<th>fast_{p:g}</th>" for p in summary.P_VALUES)
+    mode_head = "<th>mode</th>" if several_modes else ""
     lines = [
-        f"<table class='levels'><tr><th>level</th><th>kernels</th><th>timed</th>{head}"
-        "<th>geomean speedup</th></tr>"
+        f"<table class='levels'><tr><th>level</th>{mode_head}<th>kernels</th><th>timed</th>"
+        f"{head}<th>geomean speedup</th></tr>"
     ]
     for lv in levels:
         cells = "".join(f"<td>{lv.fast_p[f'{p:g}']:.3f}</td>" for p in summary.P_VALUES)
         geo = f"{lv.geomean_speedup:.3g}x" if lv.geomean_speedup else "-"
+        mode = f"<td>{lv.mode}</td>" if several_modes else ""
         lines.append(
-            f"<tr><td>{lv.level}</td><td>{lv.kernels}</td><td>{lv.timed}</td>{cells}"
+            f"<tr><td>{lv.level}</td>{mode}<td>{lv.kernels}</td><td>{lv.timed}</td>{cells}"
             f"<td>{geo}</td></tr>"
         )
     lines.append("</table>")
@@ -135,13 +149,19 @@ def _y(fraction: float) -> float:
 
 
 def _fast_p_chart(records: Sequence[Record]) -> str:
-    """fast_p against p (log scale), one step line per level (all kernels when one level)."""
+    """fast_p against p (log scale), one step line per level and mode."""
     timed = summary.benchmarked(records)
     low, high = _decades([r.bench.speedup for r in timed])
     parts = _axes(low, high, "fast_p", "p (speedup threshold, log scale)", 1.0, lambda v: f"{v:g}")
-    levels = sorted({summary.level_of(r.kernel) for r in records})
-    for i, level in enumerate(levels):
-        mine = [r for r in records if summary.level_of(r.kernel) == level]
+    modes = summary.modes(records)
+    lines = [
+        (level, mode)
+        for mode in modes
+        for level in sorted({summary.level_of(r.kernel) for r in records if r.mode == mode})
+    ]
+    for i, (level, mode) in enumerate(lines):
+        mine = [r for r in records if summary.level_of(r.kernel) == level and r.mode == mode]
+        name = f"{level} {mode}" if len(modes) > 1 else level
         speedups = sorted(r.bench.speedup for r in summary.benchmarked(mine))
         n = len(mine)
         points = [(_x(10.0**low, low, high), _y(len(speedups) / n))]
@@ -154,14 +174,14 @@ def _fast_p_chart(records: Sequence[Record]) -> str:
         parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='2'/>")
         parts.append(
             f"<text x='{WIDTH - MARGIN['right'] - 6}' y='{MARGIN['top'] + 14 + 14 * i}' "
-            f"class='legend' fill='{color}' text-anchor='end'>{level}</text>"
+            f"class='legend' fill='{color}' text-anchor='end'>{name}</text>"
         )
     x1 = _x(1.0, low, high)
     parts.append(f"<line x1='{x1:.1f}' y1='{_y(0)}' x2='{x1:.1f}' y2='{_y(1)}' class='parity'/>")
     return _svg("fast_p curve", parts)
 
 
-def _histogram(speedups: Sequence[float]) -> str:
+def _histogram(speedups: Sequence[float], caption: str = "") -> str:
     """Counts of kernels per quarter decade of speedup."""
     low, high = _decades(speedups)
     bins = [0] * ((high - low) * 4)
@@ -182,7 +202,7 @@ def _histogram(speedups: Sequence[float]) -> str:
         )
     x1 = _x(1.0, low, high)
     parts.append(f"<line x1='{x1:.1f}' y1='{_y(0)}' x2='{x1:.1f}' y2='{_y(1)}' class='parity'/>")
-    return _svg("distribution of speedups", parts)
+    return _svg(f"distribution of speedups{caption}", parts)
 
 
 def _svg(title: str, parts: list[str]) -> str:
@@ -196,6 +216,7 @@ def _svg(title: str, parts: list[str]) -> str:
 def _kernel_table(rows: Sequence[dict]) -> str:
     columns = (
         ("kernel", "kernel"),
+        ("mode", "mode"),
         ("outcome", "outcome"),
         ("speedup", "speedup"),
         ("95% interval", "speedup_low"),
@@ -211,6 +232,7 @@ def _kernel_table(rows: Sequence[dict]) -> str:
     for row in rows:
         cells = [
             _cell(row["kernel"], row["kernel"]),
+            _cell(row["mode"], row["mode"]),
             _cell(row["outcome"], row["outcome"], css=row["outcome"]),
         ]
         if "speedup" in row:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from kbd.protocol import BenchSamples
+from kbd.protocol import BenchLoop, BenchSamples
 
 UNSTABLE_SPREAD = 0.10
 CONFIDENCE = 0.95
@@ -52,10 +52,11 @@ class Benchmark(msgspec.Struct, frozen=True):
     speedup_low: float  # 95% paired-bootstrap interval of the speedup
     speedup_high: float
     unstable: bool
-    overhead_ns: float  # per call, the compiled calling path (measured on an empty function)
+    overhead_ns: float  # per call, the calling path (measured on an empty function)
     threads: int
     budget_hit: bool
     samples: BenchSamples
+    loop: BenchLoop = "jit"  # "jit" (import mode) or "python" (compile mode): see BenchSamples
 
 
 def median(values: Sequence[float]) -> float:
@@ -124,6 +125,7 @@ def summarize(samples: BenchSamples, gflop: float | None) -> Benchmark:
         threads=samples.threads,
         budget_hit=samples.budget_hit,
         samples=samples,
+        loop=samples.loop,
     )
 
 

@@ -4,6 +4,7 @@ fast_p is KernelBench's: the fraction of *all* selected kernels of a level that 
 have a speedup greater than p (src/kernelbench/score.py: `sum(speedup > p) / n`); a kernel that
 failed, or passed without being benchmarked, counts in the denominator only. fast_0 is the
 fraction that passed and was timed. The geometric mean is over the benchmarked kernels only.
+With `--mode both`, each mode has its own figures (its records are its denominator).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ CORRECT = ("pass", "xpass")
 
 class LevelFigures(msgspec.Struct, frozen=True):
     level: str  # "level1", or "all"
+    mode: str  # import or compile: each mode's figures are its own
     kernels: int  # selected kernels (the fast_p denominator)
     timed: int  # correct and benchmarked
     fast_p: dict[str, float]  # "0", "0.5", ... -> fraction
@@ -39,13 +41,19 @@ def level_of(kernel: str) -> str:
     return kernel.split("/", 1)[0]
 
 
-def figures(records: Sequence[Record], level: str) -> LevelFigures:
+def modes(records: Sequence[Record]) -> list[str]:
+    """The modes present, import first."""
+    return sorted({r.mode for r in records}, key=lambda m: (m != "import", m))
+
+
+def figures(records: Sequence[Record], level: str, mode: str = "import") -> LevelFigures:
     timed = benchmarked(records)
     speedups = [r.bench.speedup for r in timed]
     ranked = sorted(timed, key=lambda r: r.bench.speedup)
     n = len(records)
     return LevelFigures(
         level=level,
+        mode=mode,
         kernels=n,
         timed=len(timed),
         fast_p={f"{p:g}": (sum(s > p for s in speedups) / n if n else 0.0) for p in P_VALUES},
@@ -56,11 +64,15 @@ def figures(records: Sequence[Record], level: str) -> LevelFigures:
 
 
 def by_level(records: Sequence[Record]) -> list[LevelFigures]:
-    """One LevelFigures per level present, then 'all' when there is more than one level."""
-    levels = sorted({level_of(r.kernel) for r in records})
-    rows = [figures([r for r in records if level_of(r.kernel) == lv], lv) for lv in levels]
-    if len(levels) > 1:
-        rows.append(figures(records, "all"))
+    """Per mode: one LevelFigures per level present, then 'all' when there is more than one
+    level. A mode's fast_p counts that mode's records only."""
+    rows = []
+    for mode in modes(records):
+        mine = [r for r in records if r.mode == mode]
+        levels = sorted({level_of(r.kernel) for r in mine})
+        rows += [figures([r for r in mine if level_of(r.kernel) == lv], lv, mode) for lv in levels]
+        if len(levels) > 1:
+            rows.append(figures(mine, "all", mode))
     return rows
 
 
@@ -74,11 +86,13 @@ def geomean(values: Sequence[float]) -> float | None:
 def table(records: Sequence[Record]) -> str:
     """The fast_p table, one row per level, then the slowest and fastest kernels."""
     rows = by_level(records)
-    head = f"{'level':<8}{'kernels':>8}{'timed':>7}"
+    several = len(modes(records)) > 1
+    head = f"{'level':<8}" + (f"{'mode':<9}" if several else "") + f"{'kernels':>8}{'timed':>7}"
     head += "".join(f"{'fast_' + f'{p:g}':>10}" for p in P_VALUES) + f"{'geomean':>10}"
     lines = [head]
     for row in rows:
-        text = f"{row.level:<8}{row.kernels:>8}{row.timed:>7}"
+        text = f"{row.level:<8}" + (f"{row.mode:<9}" if several else "")
+        text += f"{row.kernels:>8}{row.timed:>7}"
         text += "".join(f"{row.fast_p[f'{p:g}']:>10.3f}" for p in P_VALUES)
         text += f"{_speedup(row.geomean_speedup):>10}"
         lines.append(text)
@@ -88,7 +102,7 @@ def table(records: Sequence[Record]) -> str:
         shown = timed if len(timed) <= 6 else [*timed[:3], *timed[-3:]]
         lines.append("slowest and fastest:" if len(timed) > 6 else "speedups:")
         for r in shown:
-            lines.append(f"  {_speedup(r.bench.speedup):>9}  {r.kernel}  ({describe(r)})")
+            lines.append(f"  {_speedup(r.bench.speedup):>9}  {r.label}  ({describe(r)})")
     unstable = sum(r.bench.unstable for r in timed)
     if unstable:
         lines.append(f"{unstable} of {len(timed)} measurements unstable (spread above 10%)")
@@ -96,11 +110,15 @@ def table(records: Sequence[Record]) -> str:
 
 
 def describe(record: Record) -> str:
-    """'compiled 85.3ns, eager 45.7us, n=67' plus GFLOPS and flags."""
+    """'compiled 85.3ns, eager 45.7us, n=67' plus GFLOPS and flags; in compile mode
+    'compiled forward ...' and the Python loop's own cost per call, part of both sides."""
     b = record.bench
-    text = f"compiled {format_ns(b.compiled.median_ns)}, eager {format_ns(b.eager.median_ns)}"
+    compiled = "compiled forward" if b.loop == "python" else "compiled"
+    text = f"{compiled} {format_ns(b.compiled.median_ns)}, eager {format_ns(b.eager.median_ns)}"
     if b.compiled.gflops is not None and b.eager.gflops is not None:
         text += f", {b.compiled.gflops:.3g} vs {b.eager.gflops:.3g} GFLOPS"
+    if b.loop == "python":
+        text += f", call overhead {format_ns(b.overhead_ns)}"
     text += f", n={b.compiled.n}"
     if b.unstable:
         text += ", unstable"

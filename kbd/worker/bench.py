@@ -1,13 +1,23 @@
-"""Time a passing kernel: compiled (the JIT's own timing loop) against PyTorch eager.
+"""Time a passing kernel against PyTorch eager, in import mode or compile mode.
 
 Both sides run in this worker, on its pinned cores, on the same input buffers. A sample is a
 batch of back-to-back calls sized to take about `SAMPLE_TARGET_S`, so that timer resolution and
-per-sample costs vanish even for kernels of a few nanoseconds. Compiled samples are timed inside
-the JIT code (`mlir.add_bench_wrappers`: clock_gettime around a loop of direct calls); eager
-samples with `time.perf_counter_ns` around a Python loop of `model(*args)`, which is what eager
-costs its users. Samples alternate, compiled then eager, so drift (frequency, other load) hits
-both sides alike, and go on until each side has `min_time_s` of measurements and `min_samples`
-samples, or until `budget_s` has passed (a slow kernel then reports fewer samples).
+per-sample costs vanish even for kernels of a few nanoseconds. Eager samples are timed with
+`time.perf_counter_ns` around a Python loop of `model(*args)`, which is what eager costs its
+users. The compiled side:
+
+- import mode (`measure`): timed inside the JIT code (`mlir.add_bench_wrappers`: clock_gettime
+  around a loop of direct calls of the one compiled function);
+- compile mode (`measure_forward`): the whole compiled forward as users call it, `compiled(*args)`
+  (Dynamo's guards, the compiled subgraphs through ctypes, and what Dynamo left to eager), timed
+  with exactly the Python loop eager is timed with. Timing code cannot go into the JIT code here:
+  a forward is several subgraphs glued by Python.
+
+The calling path's own cost is measured on an empty function and reported (`overhead_ns`): the
+JIT loop's in import mode, the Python loop's in compile mode, where it is part of both sides.
+Samples alternate, compiled then eager, so drift (frequency, other load) hits both sides alike,
+and go on until each side has `min_time_s` of measurements and `min_samples` samples, or until
+`budget_s` has passed (a slow kernel then reports fewer samples).
 
 Statistics are the supervisor's job (kbd/bench/stats.py); this module only measures.
 """
@@ -21,12 +31,14 @@ from collections.abc import Callable
 
 import torch
 
-from kbd.protocol import BenchOptions, BenchSamples
+from kbd.protocol import BenchLoop, BenchOptions, BenchSamples
 from kbd.worker.mlir import BenchTimer
 
 SAMPLE_TARGET_S = 0.01  # one sample's duration: ~100 samples per side in the default 1 s
 OVERHEAD_BATCH = 10_000  # calls per sample when timing the empty function
 OVERHEAD_SAMPLES = 5
+
+Sample = Callable[[int], float]  # batch size -> nanoseconds for that many calls
 
 
 def measure(
@@ -36,22 +48,65 @@ def measure(
     args: list,
     options: BenchOptions,
 ) -> BenchSamples:
-    """Warm up, calibrate the batch sizes, then take alternating samples of both sides."""
+    """Import mode: the JIT's timing loop against a Python loop of eager calls."""
     started = time.perf_counter()
+    overhead = sorted(noop(OVERHEAD_SAMPLES, OVERHEAD_BATCH) / OVERHEAD_BATCH)
+    return _alternate(
+        lambda batch: float(compiled(1, batch)[0]),
+        python_loop(model, args),
+        overhead_ns=float(overhead[len(overhead) // 2]),
+        options=options,
+        started=started,
+        loop="jit",
+    )
 
-    def compiled_sample(batch: int) -> float:
-        return float(compiled(1, batch)[0])
 
-    def eager_sample(batch: int) -> float:
+def measure_forward(
+    compiled: Callable, model: torch.nn.Module, args: list, options: BenchOptions
+) -> BenchSamples:
+    """Compile mode: the compiled forward and eager, each in the same Python loop."""
+    started = time.perf_counter()
+    empty = python_loop(_empty, args)
+    overhead = sorted(empty(OVERHEAD_BATCH) / OVERHEAD_BATCH for _ in range(OVERHEAD_SAMPLES))
+    return _alternate(
+        python_loop(compiled, args),
+        python_loop(model, args),
+        overhead_ns=overhead[len(overhead) // 2],
+        options=options,
+        started=started,
+        loop="python",
+    )
+
+
+def python_loop(function: Callable, args: list) -> Sample:
+    """A sample function: `batch` calls of `function(*args)` without autograd, timed."""
+
+    def sample(batch: int) -> float:
         with torch.no_grad():
             t0 = time.perf_counter_ns()
             for _ in range(batch):
-                model(*args)
+                function(*args)
             return float(time.perf_counter_ns() - t0)
 
-    overhead = sorted(noop(OVERHEAD_SAMPLES, OVERHEAD_BATCH) / OVERHEAD_BATCH)
+    return sample
+
+
+def _empty(*args) -> None:
+    """What the Python loop calls to measure its own cost."""
+
+
+def _alternate(
+    compiled_sample: Sample,
+    eager_sample: Sample,
+    *,
+    overhead_ns: float,
+    options: BenchOptions,
+    started: float,
+    loop: BenchLoop,
+) -> BenchSamples:
+    """Calibrate both sides' batch sizes, then take alternating samples, compiled first."""
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # a collection inside an eager sample is noise, not the kernel's cost
+    gc.disable()  # a collection inside a sample is noise, not the kernel's cost
     try:
         compiled_batch = _calibrate(compiled_sample)
         eager_batch = _calibrate(eager_sample)
@@ -76,13 +131,14 @@ def measure(
         eager_ns=eager_ns,
         compiled_batch=compiled_batch,
         eager_batch=eager_batch,
-        overhead_ns=float(overhead[len(overhead) // 2]),
+        overhead_ns=overhead_ns,
         threads=torch.get_num_threads(),
         budget_hit=not enough,
+        loop=loop,
     )
 
 
-def _calibrate(sample: Callable[[int], float]) -> int:
+def _calibrate(sample: Sample) -> int:
     """Calls per sample so that one sample takes about SAMPLE_TARGET_S.
 
     One call (which also warms up), then one batch sized from it; the second estimate, taken

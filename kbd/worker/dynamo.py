@@ -14,6 +14,7 @@ one forward.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from collections import Counter
@@ -25,7 +26,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from kbd.protocol import Coverage
-from kbd.worker import ingress, mlir, state
+from kbd.worker import ingress, mlir, runtime, state
 from kbd.worker.stages import Pipeline
 
 MLIR_SCOPE = "kbd::mlir"  # profiler scope around compiled subgraphs: ops inside are not eager
@@ -80,7 +81,9 @@ class Backend:
                     raise TypeError(f"unsupported element type {t.dtype} in a compiled subgraph")
         self.pipeline.run(module, self.kernel, subgraph=len(self.graph_ops))
         with self.step("jit"):
-            compiled = mlir.Compiled(module, self.opt_level)
+            compiled = mlir.Compiled(
+                module, self.opt_level, openmp=runtime.uses_openmp(self.pipeline.stages)
+            )
             self.pipeline.compiled(compiled)
         self.step("compile")
         self.graph_ops.append(sum(1 for n in gm.graph.nodes if n.op in _OP_KINDS))
@@ -95,6 +98,8 @@ _OP_KINDS = ("call_function", "call_method", "call_module")
 class _Subgraph:
     """Runs one compiled subgraph on torch tensors; writes mutated inputs back."""
 
+    marked = False  # inside `profile()`: mark each call for the profiler (it costs time)
+
     def __init__(self, compiled, out_types, mutated, draws):
         self.compiled = compiled
         self.out_types = out_types
@@ -102,15 +107,33 @@ class _Subgraph:
         self.draws = draws
 
     def __call__(self, *args):
-        with torch.profiler.record_function(MLIR_SCOPE):
-            tensors = [*args, *(draw() for draw in self.draws)]
-            inputs = ingress.buffers_from_args(tensors)
-            outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in self.out_types]
-            self.compiled([*outputs, *inputs])
-            results = [ingress.to_torch(o) for o in outputs]
-            for j, i in enumerate(self.mutated):  # carry out the state writes, as eager would
-                tensors[i].copy_(results[j])
-            return tuple(results[len(self.mutated) :])
+        if _Subgraph.marked:
+            with torch.profiler.record_function(MLIR_SCOPE):
+                return self._run(args)
+        return self._run(args)
+
+    def _run(self, args):
+        tensors = [*args, *(draw() for draw in self.draws)]
+        inputs = ingress.buffers_from_args(tensors)
+        outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in self.out_types]
+        self.compiled([*outputs, *inputs])
+        results = [ingress.to_torch(o) for o in outputs]
+        for j, i in enumerate(self.mutated):  # carry out the state writes, as eager would
+            tensors[i].copy_(results[j])
+        return tuple(results[len(self.mutated) :])
+
+
+@contextlib.contextmanager
+def profile():
+    """Profile what runs inside (for `eager_ops`), with every compiled subgraph call marked.
+
+    Outside it, subgraph calls are not marked, so that timing does not pay for the mark."""
+    _Subgraph.marked = True
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as result:
+            yield result
+    finally:
+        _Subgraph.marked = False
 
 
 def hoist_random_ops(gm: torch.fx.GraphModule):

@@ -1,6 +1,6 @@
-"""Run one kernel: load, reference, import, pipeline, jit, run, check, and bench when asked
-(import mode), or load, reference, compile (Dynamo, with import, pipeline and jit per
-subgraph), run, check (compile mode).
+"""Run one kernel: load, reference, import, pipeline, jit, run, check (import mode), or load,
+reference, compile (Dynamo, with import, pipeline and jit per subgraph), run, check (compile
+mode); then bench when asked.
 
 Each step is announced with a phase heartbeat *before* it starts, so a worker that dies or hangs
 is pinned to the step it was in. Python exceptions become `error` results (or `memory` when an
@@ -134,6 +134,8 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
                 sig = library.signature(out_types, in_types, mutated)
                 compiled, cache_use = library.offer(job, compiled, module, sig, send)
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
+    # --benchmark times forwards from the state eager started from, not the one `run` leaves.
+    timed = [b.copy() if i in mutated and job.bench else b for i, b in enumerate(inputs)]
     with step("run"):
         compiled([*outputs, *inputs])
         for j, i in enumerate(mutated):  # state the forward wrote: carried out on our copy
@@ -144,12 +146,15 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
         eager.expected,
         outputs[len(mutated) :],
         limits_enforced,
-        measure=lambda: bench.measure(
-            compiled.timer([*outputs, *inputs]),
-            compiled.timer([*outputs, *inputs], noop=True),
-            eager_model,
-            eager_args,
-            job.bench,
+        measure=lambda: (
+            bench.measure(
+                compiled.timer([*outputs, *timed]),
+                compiled.timer([*outputs, *timed], noop=True),
+                eager_model,
+                eager_args,
+                job.bench,
+            ),
+            outputs[len(mutated) :],  # the timing loop wrote its results here
         ),
         random_inputs=len(eager.random),
         state_writes=[names[i] for i in mutated],
@@ -177,10 +182,7 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
     subgraphs = len(backend.graph_ops)
     with step("run"):
         fresh = eager.fresh_args(model, args)
-        with (
-            torch.no_grad(),
-            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile,
-        ):
+        with torch.no_grad(), dynamo.profile() as profile:
             out = compiled(*fresh)
         if len(backend.graph_ops) != subgraphs:
             raise RuntimeError(
@@ -200,7 +202,18 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
             limits_enforced=limits_enforced,
             **extra,
         )
-    return _checked(job, step, eager.expected, ingress.outputs(out), limits_enforced, **extra)
+
+    def measure():
+        """Time the whole compiled forward against eager, then run it once more from eager's
+        starting state for the check after timing (Dynamo must not have recompiled)."""
+        samples = bench.measure_forward(compiled, model, eager.fresh_args(model, args), job.bench)
+        if len(backend.graph_ops) != subgraphs:
+            raise RuntimeError("Dynamo recompiled the forward while it was timed")
+        with torch.no_grad():
+            return samples, ingress.outputs(compiled(*eager.fresh_args(model, args)))
+
+    outputs = ingress.outputs(out)
+    return _checked(job, step, eager.expected, outputs, limits_enforced, measure, **extra)
 
 
 class _Eager:
@@ -232,7 +245,8 @@ class _Eager:
 def _checked(
     job: Job, step: _Step, expected, outputs, limits_enforced, measure=None, **extra
 ) -> Result:
-    """Compare with eager; with --benchmark, time a passing kernel with `measure()`."""
+    """Compare with eager; with --benchmark, time a passing kernel with `measure()`, which
+    returns the samples and the outputs to check again after timing."""
     with step("check"):
         result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
     samples = None
@@ -240,8 +254,8 @@ def _checked(
     if result.passed and job.bench is not None and measure is not None:
         phase = "bench"
         with step("bench"):
-            samples = measure()
-            # Validation stays on: the outputs the timing loop left behind must still match.
+            samples, outputs = measure()
+            # Validation stays on: the outputs left behind by timing must still match.
             result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
             if not result.passed:
                 result = dataclasses.replace(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import io
 import os
 import re
@@ -26,7 +27,6 @@ from torch_mlir.dialects import bufferization, func
 from torch_mlir.dialects.transform import interpreter
 from torch_mlir.execution_engine import ExecutionEngine
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
-from torch_mlir.runtime import get_ranked_memref_descriptor
 
 from kbd.protocol import Stage
 from kbd.worker import decompositions, runtime
@@ -420,11 +420,36 @@ class _Packed:
     """
 
     def __init__(self, buffers: Sequence[np.ndarray], extra: Sequence[object] = ()):
-        self._keep = [ctypes.pointer(get_ranked_memref_descriptor(b)) for b in buffers]
+        self._keep = [ctypes.pointer(_descriptor(b)) for b in buffers]
         self._keep += list(extra)
         self.array = (ctypes.c_void_p * len(self._keep))()
         for i, obj in enumerate(self._keep):
             self.array[i] = ctypes.cast(ctypes.pointer(obj), ctypes.c_void_p)
+
+
+@functools.cache
+def _descriptor_type(rank: int) -> type[ctypes.Structure]:
+    """The C layout of a ranked memref descriptor: allocated and aligned pointers, offset, then
+    sizes and strides (in elements) for rank > 0. One class per rank, made once: compile mode
+    calls compiled subgraphs on every forward, and making a ctypes class costs ~100 us."""
+    fields = [
+        ("allocated", ctypes.c_void_p),
+        ("aligned", ctypes.c_void_p),
+        ("offset", ctypes.c_int64),
+    ]
+    if rank:
+        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    return type(f"MemRefDescriptor{rank}", (ctypes.Structure,), {"_fields_": fields})
+
+
+def _descriptor(array: np.ndarray) -> ctypes.Structure:
+    """The memref descriptor of a numpy array (which must outlive it)."""
+    descriptor = _descriptor_type(array.ndim)()
+    descriptor.allocated = descriptor.aligned = array.ctypes.data
+    if array.ndim:
+        descriptor.sizes[:] = array.shape
+        descriptor.strides[:] = [stride // array.itemsize for stride in array.strides]
+    return descriptor
 
 
 class BenchTimer:
