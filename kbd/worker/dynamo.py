@@ -69,6 +69,7 @@ class Backend:
         ):
             raise ValueError("symbolic shapes reached the backend; kbd compiles static shapes")
         names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        captured = gm
         gm, draws = hoist_random_ops(gm)
         with self.step("import"):
             example = [*example_inputs, *(draw() for draw in draws)]
@@ -89,7 +90,7 @@ class Backend:
         self.graph_ops.append(sum(1 for n in gm.graph.nodes if n.op in _OP_KINDS))
         self.state_writes += [_state_name(names[i]) for i in mutated if i < len(names)]
         self.random_inputs += len(draws)
-        return _Subgraph(compiled, out_types, mutated, draws)
+        return _Subgraph(compiled, out_types, mutated, draws, captured)
 
 
 _OP_KINDS = ("call_function", "call_method", "call_module")
@@ -99,14 +100,18 @@ class _Subgraph:
     """Runs one compiled subgraph on torch tensors; writes mutated inputs back."""
 
     marked = False  # inside `profile()`: mark each call for the profiler (it costs time)
+    tracing = False  # inside `first_forward()`: run Dynamo's graph in eager instead
 
-    def __init__(self, compiled, out_types, mutated, draws):
+    def __init__(self, compiled, out_types, mutated, draws, graph):
         self.compiled = compiled
         self.out_types = out_types
         self.mutated = mutated
         self.draws = draws
+        self.graph = graph  # Dynamo's FX graph, as captured
 
     def __call__(self, *args):
+        if _Subgraph.tracing:
+            return self.graph(*args)
         if _Subgraph.marked:
             with torch.profiler.record_function(MLIR_SCOPE):
                 return self._run(args)
@@ -121,6 +126,19 @@ class _Subgraph:
         for j, i in enumerate(self.mutated):  # carry out the state writes, as eager would
             tensors[i].copy_(results[j])
         return tuple(results[len(self.mutated) :])
+
+
+@contextlib.contextmanager
+def first_forward():
+    """The forward during which Dynamo traces and compiles. Each compiled subgraph runs its FX
+    graph in eager then: its values only steer tracing (past graph breaks) and the state writes,
+    as eager's would. The compiled code runs from the next forward on, which is the one checked,
+    so a large model runs its compiled code once per check, as in import mode."""
+    _Subgraph.tracing = True
+    try:
+        yield
+    finally:
+        _Subgraph.tracing = False
 
 
 @contextlib.contextmanager

@@ -163,8 +163,9 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
 
 
 def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enforced) -> Result:
-    """Compile mode: torch.compile with kbd's Dynamo backend, one forward to compile and one,
-    profiled, whose outputs are checked. Both start from eager's RNG and buffer state."""
+    """Compile mode: torch.compile with kbd's Dynamo backend, one forward to compile (its
+    subgraphs run in eager) and one, profiled, that runs the compiled code and whose outputs are
+    checked. Both start from eager's RNG and buffer state."""
     from kbd.worker import dynamo  # imported here: import mode never pays for it
 
     dynamo.configure()
@@ -174,7 +175,7 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
     step("compile")
     start, inner = time.perf_counter(), sum(step.times.values())
     try:
-        with torch.no_grad():
+        with torch.no_grad(), dynamo.first_forward():
             compiled(*eager.fresh_args(model, args))
     except Exception as exc:
         raise (backend.error or exc) from None  # the real error, not Dynamo's wrapper
