@@ -24,10 +24,12 @@ Statistics are the supervisor's job (kbd/bench/stats.py); this module only measu
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -62,15 +64,20 @@ def measure(
 
 
 def measure_forward(
-    compiled: Callable, model: torch.nn.Module, args: list, options: BenchOptions
+    compiled: Callable,
+    model: torch.nn.Module,
+    args: list,
+    options: BenchOptions,
+    eager_settings: Callable[[], AbstractContextManager] = contextlib.nullcontext,
 ) -> BenchSamples:
-    """Compile mode: the compiled forward and eager, each in the same Python loop."""
+    """Compile mode: the compiled forward and eager, each in the same Python loop; eager's
+    batches run inside `eager_settings()`."""
     started = time.perf_counter()
     empty = python_loop(_empty, args)
     overhead = sorted(empty(OVERHEAD_BATCH) / OVERHEAD_BATCH for _ in range(OVERHEAD_SAMPLES))
     return _alternate(
         python_loop(compiled, args),
-        python_loop(model, args),
+        python_loop(model, args, eager_settings),
         overhead_ns=overhead[len(overhead) // 2],
         options=options,
         started=started,
@@ -78,11 +85,15 @@ def measure_forward(
     )
 
 
-def python_loop(function: Callable, args: list) -> Sample:
+def python_loop(
+    function: Callable,
+    args: list,
+    settings: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+) -> Sample:
     """A sample function: `batch` calls of `function(*args)` without autograd, timed."""
 
     def sample(batch: int) -> float:
-        with torch.no_grad():
+        with torch.no_grad(), settings():
             t0 = time.perf_counter_ns()
             for _ in range(batch):
                 function(*args)

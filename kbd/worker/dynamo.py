@@ -34,13 +34,31 @@ MAX_REASONS = 5
 
 
 def configure() -> None:
-    """Dynamo settings for compile mode; resets Dynamo's caches and counters."""
+    """Dynamo settings for compile mode; resets Dynamo's caches and counters.
+
+    Also turns off the fused inference fast path of nn.MultiheadAttention and
+    nn.TransformerEncoderLayer (`torch.backends.mha`): traced by Dynamo, they would call
+    `aten._transformer_encoder_layer_fwd`, which torch-mlir can neither lower nor decompose
+    (torch.export never takes that path). Dynamo guards on the setting, so it stays off for
+    compiled calls; `eager_settings()` turns it back on where eager runs as users run it.
+    """
     torch._dynamo.reset()
     counters.clear()
     config = torch._dynamo.config
     config.allow_rnn = True  # compile nn.LSTM/GRU/RNN instead of running them in eager
     config.fail_on_recompile_limit_hit = True
     config.suppress_errors = False
+    torch.backends.mha.set_fastpath_enabled(False)
+
+
+@contextlib.contextmanager
+def eager_settings():
+    """Eager as users run it, inside compile mode (the MHA fast path back on)."""
+    torch.backends.mha.set_fastpath_enabled(True)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(False)
 
 
 class Backend:

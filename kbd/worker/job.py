@@ -207,7 +207,8 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
     def measure():
         """Time the whole compiled forward against eager, then run it once more from eager's
         starting state for the check after timing (Dynamo must not have recompiled)."""
-        samples = bench.measure_forward(compiled, model, eager.fresh_args(model, args), job.bench)
+        fresh = eager.fresh_args(model, args)
+        samples = bench.measure_forward(compiled, model, fresh, job.bench, dynamo.eager_settings)
         if len(backend.graph_ops) != subgraphs:
             raise RuntimeError("Dynamo recompiled the forward while it was timed")
         with torch.no_grad():
