@@ -61,13 +61,19 @@ class Entry(msgspec.Struct, frozen=True):
     outputs: list[Shape] | None
     init_args: Any
     gflops: float | None
-    pipeline: str | None
+    pipeline: str | None  # hand-set schedule family; replaces `family`
     dtype: str
     xfail: Expectation | None
+    family: str | None = None  # the schedule family of the exported graph (generated)
 
     @property
     def name(self) -> str:
         return self.kernel.removesuffix(".py")
+
+    @property
+    def schedule_family(self) -> str | None:
+        """The family whose schedule the finder looks for: hand-set `pipeline`, else `family`."""
+        return self.pipeline or self.family
 
 
 def kernelbench_root(option: str | None) -> Path:
@@ -195,6 +201,7 @@ def _entry(path: Path, index: int, raw: Any) -> Entry:
         pipeline=_optional_str(raw, "pipeline", where),
         dtype=dtype,
         xfail=_xfail(raw.get("xfail"), where),
+        family=_optional_str(raw, "family", where),
     )
 
 

@@ -78,8 +78,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         help="CPU feature whose schedules the finder tries, schedules/ARCH/NAME/FAMILY/DTYPE.yaml, "
-        "in the order given (repeatable; default: this machine's /proc/cpuinfo flags, e.g. "
-        "avx512f, avx2). Code for features the CPU lacks dies with SIGILL",
+        "in the order given (repeatable; default: this machine's features ranked widest and "
+        "newest first: amx_bf16, avx512f, avx2; then schedules/ARCH/FAMILY/DTYPE.yaml). Code "
+        "for features the CPU lacks dies with SIGILL",
+    )
+    comp.add_argument(
+        "--schedules",
+        choices=("family", "scalar"),
+        help="family: each kernel's family schedule (its levels entry's pipeline or family, "
+        "through the finder; the scalar pipeline when there is none for this CPU, and the "
+        "record says so); scalar: the default scalar pipeline for every kernel (default: "
+        "family, scalar with --smoke-test). A failing family schedule is that kernel's result",
     )
     comp.add_argument(
         "--mode",
@@ -302,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--smoke-test",
         action="store_true",
-        help="run every selected kernel with the default scalar pipeline",
+        help="check correctness quickly: every selected kernel with the default scalar "
+        "pipeline (unless --schedules family) and the JIT at -O0 (unless -O)",
     )
     sweep.add_argument(
         "--resume",

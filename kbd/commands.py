@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from kbd import catalog, cluster, descriptor, limits, reports, spec
+from kbd import catalog, cluster, descriptor, limits, pipelines, reports, spec
 from kbd.catalog import Entry
 from kbd.errors import ClusterError, InputError
 from kbd.outcome import Record, label
 from kbd.outcomes import is_final
 from kbd.progress import Progress
-from kbd.protocol import Inspect, Job, Limits, Stage
+from kbd.protocol import Inspect, Job, Limits
 from kbd.spec import SweepSpec
 from kbd.store import Store, Sweep
 
@@ -270,6 +270,11 @@ def _plan(options: SweepSpec, store: Store | None):
     single = len(entries) * len(MODES[options.mode]) == 1  # --print-to then names a file
     for entry, mode in ((e, m) for e in entries for m in MODES[options.mode]):
         source = root / entry.kernel
+        chosen = (
+            pipelines.Chosen(override, " + ".join(options.pipeline))
+            if override
+            else pipelines.choose(entry, options, SCHEDULES_DIR)
+        )
         job = Job(
             kernel=entry.kernel,
             source=str(source),
@@ -278,7 +283,8 @@ def _plan(options: SweepSpec, store: Store | None):
             init_args=entry.init_args,
             outputs=entry.outputs,
             dtype=entry.dtype,
-            stages=override or _stages(entry, options),
+            stages=chosen.stages,
+            pipeline=chosen.name,
             seed=options.seed,
             tolerance=options.tolerance,
             max_tolerance=options.max_tolerance,
@@ -314,24 +320,6 @@ def _read_source(entry: Entry, path: Path) -> str:
         raise InputError(
             f"{entry.levels_file}: kernel {entry.kernel}: cannot read {path} ({exc})"
         ) from None
-
-
-def _stages(entry: Entry, options: SweepSpec) -> list[Stage]:
-    """The entry's family schedule through the finder (for the host, or --target/--feature),
-    else the default scalar lowering; --smoke-test always takes the scalar lowering."""
-    specs = [descriptor.DEFAULT_PIPELINE]
-    if entry.pipeline and not options.smoke_test:
-        arch, features = descriptor.host_target()
-        found = descriptor.find_pipeline(
-            entry.pipeline,
-            entry.dtype,
-            schedules_dir=SCHEDULES_DIR,
-            arch=options.target or arch,
-            features=features if options.features is None else options.features,
-        )
-        if found is not None:
-            specs = [str(found)]
-    return descriptor.resolve_pipeline(specs, schedules_dir=SCHEDULES_DIR, cwd=Path.cwd())
 
 
 def _hash(value) -> str:

@@ -37,6 +37,7 @@ class Record(msgspec.Struct, kw_only=True):
     log: str | None = None
     import_cache: str | None = None  # "hit" or "miss" when the import cache was used
     compile_cache: str | None = None  # "hit", "miss" or "not cached: <why>" when it was used
+    pipeline: str = ""  # the pipeline it ran with, and why when not its family schedule
     bench: Benchmark | None = None  # --benchmark figures of a kernel that passed
     not_benchmarked: str | None = None  # with --benchmark: why this kernel was not timed
     node: str | None = None  # the cluster node that ran it (`--cluster`); None = this machine

@@ -197,6 +197,7 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     mode: Mode = "import"
     inspect: Inspect = Inspect()  # IR printing and object files
     compile_cache: CompileCache | None = None  # None: compile without the cache
+    pipeline: str = ""  # what the stages are, for the record (kbd.pipelines.Chosen.name)
 
 
 class Budget(msgspec.Struct, frozen=True):

@@ -341,6 +341,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         log=str(log_path),
         import_cache=_cache_use(job, state),
         compile_cache=_compile_cache_use(job, result),
+        pipeline=job.pipeline,
         bench=bench,
         not_benchmarked=not_benchmarked,
         coverage=result.coverage if result else None,

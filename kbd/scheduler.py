@@ -261,6 +261,7 @@ async def run_plan(
             outcome="error",
             phase="supervisor",
             message=f"kbd internal error: {exc!r}",
+            pipeline=plan.job.pipeline,
         )
 
 

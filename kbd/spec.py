@@ -56,6 +56,9 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # compilation and checking
     pipeline: tuple[str, ...] = ()  # --pipeline specs replacing the entries' pipelines
     smoke_test: bool = False  # every kernel through the default scalar pipeline
+    # --schedules: "family" (each kernel's family schedule via the finder, kbd.pipelines) or
+    # "scalar" (the default pipeline); None = family, or scalar with --smoke-test
+    schedules: Literal["family", "scalar"] | None = None
     cwd: str = "."  # where relative --pipeline files are looked up
     target: str | None = None  # --target: the finder's architecture; None = this machine's
     features: tuple[str, ...] | None = None  # --feature: the finder's features; None = host's
@@ -88,6 +91,11 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # where: a Ray cluster address ("auto", "HOST:PORT", "ray://..."), or None for this machine.
     # On a cluster, `jobs` and `mem_budget` apply per node (see kbd.cluster).
     cluster: str | None = None
+
+    @property
+    def family_schedules(self) -> bool:
+        """Do kernels run their family schedules (kbd.pipelines)?"""
+        return self.schedules == "family" if self.schedules else not self.smoke_test
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -143,6 +151,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
         pipeline=tuple(args.pipeline),
         smoke_test=getattr(args, "smoke_test", False),
+        schedules=args.schedules,
         target=args.target,
         features=tuple(args.feature) if args.feature is not None else None,
         cwd=str(cwd),

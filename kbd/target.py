@@ -1,12 +1,21 @@
 """The CPU a pipeline is chosen and compiled for: architecture and feature flags.
 
 Feature names are those of /proc/cpuinfo (`avx2`, `avx512f`, ...), which are also the names of
-the feature directories under `schedules/<arch>/`. `LLVM_FEATURES` says which LLVM target
-features a schedule written for one of them may use, so code for a CPU the host is not can still
-be compiled (and written out as an object), though not run.
+the feature directories under `schedules/<arch>/`. `RANKING` is the order in which the finder
+tries the host's features: wider and newer first, so a CPU with AVX-512 gets its AVX-512
+schedules even though /proc/cpuinfo lists `avx2` before `avx512f`. `LLVM_FEATURES` says which
+LLVM target features a schedule written for one of them may use, so code for a CPU the host is
+not can still be compiled (and written out as an object), though not run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+
+# Feature directories the finder picks by itself, best first; after them comes the
+# architecture's generic schedule (schedules/<arch>/<family>/). A feature directory not ranked
+# here is only used when named with --feature.
+RANKING: tuple[str, ...] = ("amx_bf16", "avx512f", "avx2")
 
 LLVM_FEATURES: dict[str, tuple[str, ...]] = {
     "avx2": ("+avx", "+avx2", "+fma", "+f16c"),
@@ -21,3 +30,9 @@ LLVM_FEATURES: dict[str, tuple[str, ...]] = {
         "+avx512dq",
     ),
 }
+
+
+def ranked(flags: Iterable[str]) -> list[str]:
+    """The ranked features among a CPU's flags, best first (see RANKING)."""
+    present = set(flags)
+    return [feature for feature in RANKING if feature in present]

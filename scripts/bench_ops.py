@@ -26,8 +26,9 @@ OPS_ROOT = ROOT / "benchmarks" / "ops"
 OPS_LEVELS = OPS_ROOT / "levels.yaml"
 sys.path.insert(0, str(ROOT))
 
-from kbd import catalog, descriptor  # noqa: E402  (after the path set-up above)
+from kbd import catalog, pipelines  # noqa: E402  (after the path set-up above)
 from kbd.bench.stats import format_ns  # noqa: E402
+from kbd.spec import SweepSpec  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -40,21 +41,10 @@ def cpu_model() -> str:
 
 
 def pipeline_of(entry: catalog.Entry, override: list[str]) -> str:
-    """What the op is compiled with, as kbd chooses it (see kbd.commands._stages)."""
+    """What the op is compiled with, as kbd chooses it (kbd.pipelines)."""
     if override:
         return " + ".join(override)
-    if entry.pipeline:
-        arch, features = descriptor.host_target()
-        found = descriptor.find_pipeline(
-            entry.pipeline,
-            entry.dtype,
-            schedules_dir=ROOT / "schedules",
-            arch=arch,
-            features=features,
-        )
-        if found is not None:
-            return str(found.relative_to(ROOT / "schedules"))
-    return f"{descriptor.DEFAULT_PIPELINE} (no {entry.pipeline} schedule)"
+    return pipelines.choose(entry, SweepSpec(), ROOT / "schedules").name
 
 
 def main() -> int:

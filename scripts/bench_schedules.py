@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kbd import descriptor
+from kbd import descriptor, target
 from kbd.worker import ingress, mlir, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,8 +118,8 @@ def main() -> None:
     options.core_list = cores
     options.core_list = cores
     torch.set_num_threads(len(cores))
-    arch, features = descriptor.host_target()
-    features = options.feature if options.feature is not None else features
+    arch, flags = descriptor.host_target()
+    features = options.feature if options.feature is not None else target.ranked(flags)
     print(f"CPU: {cpu_model()}, cores {cores}, {options.reps} interleaved calls per side")
     for name in options.cases:
         measure(name, CASES[name], arch, features, options)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kbd import target
 from kbd.descriptor import DEFAULT_PIPELINE, find_pipeline, host_target, resolve_pipeline
 from kbd.errors import InputError
 from kbd.protocol import Stage
@@ -291,6 +292,37 @@ def test_finder_layout(tmp_path):
     assert find(name="conv") is None
     assert find(name="") is None
     assert find(arch="aarch64") is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("fpu sse2 avx avx2 fma avx512f avx512bw avx512vl", "avx512f"),  # avx2 is listed first
+        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "amx_bf16"),
+        ("amx_bf16 avx2", "amx_bf16"),
+        ("sse4_2 avx avx2 fma", "avx2"),
+        ("sse sse2 avx512f", "avx512f"),
+        ("sse sse2", None),
+        ("", None),
+    ],
+)
+def test_the_finder_prefers_the_widest_and_newest_host_feature(tmp_path, flags, expected):
+    """Host features are tried in RANKING order, whatever order /proc/cpuinfo lists them in."""
+    for directory in ("", "amx_bf16", "avx512f", "avx2", "sse2"):
+        write(tmp_path / "x86_64" / directory / "matmul" / "f32.yaml", "")
+    found = find_pipeline(
+        "matmul",
+        "f32",
+        schedules_dir=tmp_path,
+        arch="x86_64",
+        features=target.ranked(flags.split()),
+    )
+    assert found == tmp_path / "x86_64" / (expected or "") / "matmul" / "f32.yaml"
+    assert target.ranked(flags.split()) == [f for f in target.RANKING if f in flags.split()]
+
+
+def test_every_feature_with_llvm_features_is_ranked():
+    assert set(target.LLVM_FEATURES) <= set(target.RANKING)
 
 
 def test_host_target():

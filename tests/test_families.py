@@ -57,3 +57,56 @@ def test_element_wise_only_graphs_and_unclaimed_ops():
     assert families.family_of(Chain(), [torch.randn(4, 8)]) == "element_wise"
     assert families.family_of(Sort(), [torch.randn(4, 8)]) is None
     assert families.classify([]) is None
+
+
+class ConvThenLinear(torch.nn.Module):
+    """A heavy convolution feeding a light classifier: the convolution dominates."""
+
+    def __init__(self, out_features: int):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3)
+        self.fc = torch.nn.Linear(16 * 6 * 6, out_features)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+class ProjectThenBmm(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, q, k):
+        return torch.bmm(self.proj(q), k)
+
+
+class MatmulOp(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def test_the_op_doing_the_most_flops_decides():
+    # conv: 2*16*36*27 = 31104 FLOPs; linear: 2*576*out
+    assert families.family_of(ConvThenLinear(4).eval(), [torch.randn(1, 3, 8, 8)]) == "conv2d"
+    assert families.family_of(ConvThenLinear(512).eval(), [torch.randn(1, 3, 8, 8)]) == "matmul"
+    # projection: 2*(4*16)*16*16; bmm: 2*(4*16*256)*16
+    q, k = torch.randn(4, 16, 16), torch.randn(4, 16, 256)
+    assert families.family_of(ProjectThenBmm(16), [q, k]) == "batch_matmul"
+    assert families.family_of(ProjectThenBmm(16), [q, torch.randn(4, 16, 1)]) == "matmul"
+
+
+def test_products_are_told_apart_by_their_operands():
+    mm = MatmulOp()
+    assert families.family_of(mm, [torch.randn(8, 16), torch.randn(16, 4)]) == "matmul"
+    assert families.family_of(mm, [torch.randn(8, 16), torch.randn(16, 1)]) == "matvec"
+    assert families.family_of(mm, [torch.randn(8, 16), torch.randn(16)]) == "matvec"
+    assert families.family_of(mm, [torch.randn(2, 8, 16), torch.randn(2, 16, 4)]) == "batch_matmul"
+    assert families.family_of(mm, [torch.randn(2, 8, 16), torch.randn(16, 4)]) == "matmul"
+    conv3d = torch.nn.Conv3d(2, 2, 3).eval()
+    assert families.family_of(conv3d, [torch.randn(1, 2, 5, 5, 5)]) == "conv3d"
+
+
+def test_meta_tensors_are_enough():
+    with torch.device("meta"):
+        model, x = ConvThenLinear(4).eval(), torch.randn(1, 3, 8, 8)
+    assert families.family_of(model, [x]) == "conv2d"

@@ -186,6 +186,7 @@ def test_huge_matmul_reduced_within_budget_keeping_k_largest(kb: Path):
     assert g.outputs == [(m, n)]
     assert g.init_args == []
     assert ("K", 131072, k) in g.reductions
+    assert g.fields == {"family": "matmul"}  # from the exported graph at the chosen shapes
 
 
 def test_integer_targets_get_i64_and_class_range(kb: Path):
@@ -194,6 +195,7 @@ def test_integer_targets_get_i64_and_class_range(kb: Path):
     assert g.initializations == ["rnd", "rnd100"]
     assert g.outputs == [()]
     assert g.reductions == []
+    assert "family" not in g.fields  # cross_entropy_loss: no family claims it
 
 
 def test_scalar_input_randn_and_fallback_flops(kb: Path):
@@ -201,6 +203,7 @@ def test_scalar_input_randn_and_fallback_flops(kb: Path):
     assert g.input_shapes == ["16x64", 3.5]
     assert g.initializations == ["randn", "scalar"]
     assert g.flops > 0  # FlopCounterMode counts 0 here: the element estimate is used
+    assert g.fields == {"family": "element_wise"}
 
 
 def test_conv_reduced_keeps_kernel_and_groups(kb: Path):
@@ -211,6 +214,7 @@ def test_conv_reduced_keeps_kernel_and_groups(kb: Path):
     (x,) = (_dims(s) for s in g.input_shapes)
     assert x[1] == in_ch and x[2] == x[3] < 256  # square stays square
     assert g.flops <= SMOKE.budget.flops
+    assert g.fields == {"family": "conv2d"}
 
 
 def test_triu_mask_and_several_outputs(kb: Path):
@@ -304,6 +308,25 @@ def test_extra_measured_fields_do_not_beat_hand_set_ones(tmp_path: Path):
                               "fields": {"pipeline": "conv"}})  # fmt: skip
     assert generate.entry("k.py", classified, {}, {})["pipeline"] == "conv"
     assert generate.entry("k.py", classified, {}, {"pipeline": "mine"})["pipeline"] == "mine"
+
+
+def test_family_is_generated_anew_and_a_hand_set_pipeline_is_kept(tmp_path: Path):
+    def measured(family: str) -> Generated:
+        fields = {f: getattr(MEASURED, f) for f in MEASURED.__struct_fields__}
+        return Generated(**{**fields, "fields": {"family": family}})
+
+    path = tmp_path / "level1.yaml"
+    path.write_text(assemble(path, {}, measured("matmul")))
+    assert "  gflops: 2.048e-06\n  family: matmul\n" in path.read_text()
+    path.write_text(
+        path.read_text().replace("family: matmul\n", "family: matmul\n  pipeline: mine\n")
+    )
+    text = assemble(path, {}, measured("conv2d"))
+    assert "  family: conv2d\n  pipeline: mine\n" in text  # measured again; hand-set kept
+    path.write_text(text)
+    (entry,) = catalog.load_file(path)
+    assert (entry.family, entry.pipeline, entry.schedule_family) == ("conv2d", "mine", "mine")
+    assert "  family:" not in assemble(path, {}, MEASURED)  # no family found: none written
 
 
 def test_bad_overrides_are_input_errors(tmp_path: Path):

@@ -75,21 +75,56 @@ def test_stored_spec_round_trips_and_validates():
 
 
 def test_target_and_features_choose_the_family_schedule(tmp_path):
+    from kbd import pipelines
     from kbd.catalog import Entry
-    from kbd.commands import _stages
+    from kbd.commands import SCHEDULES_DIR
 
     entry = Entry("level1/1_matmul.py", "l.yaml", None, None, None, None, "matmul", "f32", None)
 
     def schedule(argv: list[str]) -> str:
-        return _stages(entry, _from(["sweep", *argv], tmp_path))[0].source
+        return pipelines.choose(entry, _from(["sweep", *argv], tmp_path), SCHEDULES_DIR).name
 
-    assert schedule(["--target", "x86_64", "--feature", "avx512f"]).endswith(
-        "schedules/x86_64/avx512f/matmul/f32.yaml"
+    assert schedule(["--target", "x86_64", "--feature", "avx512f"]) == (
+        "x86_64/avx512f/matmul/f32.yaml"
     )
-    assert schedule(["--target", "x86_64", "--feature", "none"]).endswith(
-        "schedules/x86_64/matmul/f32.yaml"
+    assert schedule(["--target", "x86_64", "--feature", "none", "--feature", "avx512f"]) == (
+        "x86_64/avx512f/matmul/f32.yaml"
     )
-    assert schedule(["--target", "aarch64"]).endswith("scalar-lowering.yaml")
-    assert schedule(["--target", "x86_64", "--smoke-test"]).endswith("scalar-lowering.yaml")
+    assert schedule(["--target", "x86_64", "--feature", "none"]) == "x86_64/matmul/f32.yaml"
+    assert schedule(["--target", "aarch64", "--feature", "neon"]) == (
+        "scalar-lowering.yaml (no matmul f32 schedule for aarch64 (neon))"
+    )
     with pytest.raises(InputError, match="--target/--feature 'avx 2'"):
         _from(["run", "--feature", "avx 2"], tmp_path)
+
+
+def test_family_schedules_are_used_unless_smoke_testing_or_told(tmp_path):
+    from kbd import pipelines
+    from kbd.catalog import Entry
+    from kbd.commands import SCHEDULES_DIR
+
+    generated = Entry("k.py", "l.yaml", None, None, None, None, None, "f32", None, "matmul")
+    hand_set = Entry(
+        "k.py", "l.yaml", None, None, None, None, "element_wise", "f32", None, "matmul"
+    )
+    plain = Entry("k.py", "l.yaml", None, None, None, None, None, "f32", None)
+    found = "x86_64/avx512f/matmul/f32.yaml"
+
+    def chosen(entry: Entry, *argv: str) -> str:
+        options = _from([*argv, "--target", "x86_64", "--feature", "avx512f"], tmp_path)
+        return pipelines.choose(entry, options, SCHEDULES_DIR).name
+
+    assert chosen(generated, "run") == chosen(generated, "sweep") == found
+    assert chosen(generated, "sweep", "--benchmark") == found
+    assert chosen(generated, "sweep", "--smoke-test", "--schedules", "family") == found
+    assert chosen(generated, "sweep", "--smoke-test") == (
+        "scalar-lowering.yaml (family schedules off: --smoke-test)"
+    )
+    assert chosen(generated, "run", "--schedules", "scalar") == (
+        "scalar-lowering.yaml (family schedules off: --schedules scalar)"
+    )
+    assert chosen(hand_set, "run") == "x86_64/element_wise/f32.yaml"  # pipeline beats family
+    assert chosen(plain, "run") == "scalar-lowering.yaml"
+    # A family schedule is all a kernel runs: nothing of the scalar pipeline is added after it.
+    stages = pipelines.choose(generated, _from(["run"], tmp_path), SCHEDULES_DIR).stages
+    assert {Path(s.source).name for s in stages}.isdisjoint({"scalar-lowering.yaml"})

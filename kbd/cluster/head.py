@@ -287,6 +287,7 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
         wall_s=wall,
         expected=str(plan.entry.xfail) if plan.entry.xfail else None,
         node=node.info.node,
+        pipeline=plan.job.pipeline,
     )
 
 

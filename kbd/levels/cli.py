@@ -37,8 +37,9 @@ def add_parser(sub) -> None:
         help="write levels files from KernelBench (one sandboxed worker per problem)",
         description="Measure every KernelBench problem of level1-3 in a sandboxed worker and "
         "write the levels files of a shape tier: KernelBench's own shapes when they fit the "
-        "tier's budget, else reduced by halving size constants. Hand-set fields (pipeline, "
-        "dtype, xfail) are kept; overrides.yaml of the tier's folder replaces fields.",
+        "tier's budget, else reduced by halving size constants, and each problem's schedule "
+        "family from the ops of its exported graph. Hand-set fields (pipeline, dtype, xfail) "
+        "are kept; overrides.yaml of the tier's folder replaces fields.",
     )
     gen.add_argument(
         "--shapes",

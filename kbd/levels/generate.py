@@ -245,7 +245,7 @@ def entry(kernel: str, g: Generated, override: dict, old: dict) -> dict:
     if g.init_args:
         new["init_args"] = list(g.init_args)
     new["gflops"] = _round6(g.flops / 1e9)
-    new.update({k: v for k, v in g.fields.items() if k not in old})
+    new.update({k: v for k, v in g.fields.items() if k in schema.GENERATED or k not in old})
     for key, value in override.items():
         if key in ("input_shapes", "reason"):
             continue  # measured at them / written as a comment

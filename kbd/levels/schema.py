@@ -28,13 +28,15 @@ FIELDS = (
     "output_shape",
     "init_args",
     "gflops",
+    "family",
     "pipeline",
     "dtype",
     "xfail",
 )
-# Written by the generator from measurement; every other field is hand-set and survives
-# regeneration (`pipeline`, `dtype`, `xfail`).
-GENERATED = ("input_shapes", "initializations", "output_shape", "init_args", "gflops")
+# Written by the generator from measurement (`family`: the schedule family of the exported
+# graph); every other field is hand-set and survives regeneration (`pipeline`, which overrides
+# `family`, `dtype`, `xfail`).
+GENERATED = ("input_shapes", "initializations", "output_shape", "init_args", "gflops", "family")
 HAND_SET = tuple(f for f in FIELDS if f != "kernel" and f not in GENERATED)
 XFAIL_FIELDS = ("outcome", "phase", "message")
 # overrides.yaml may set these; `reason` is written as a comment above the entry.
@@ -66,7 +68,8 @@ class Tier:
             "# KernelBench's own shapes when they fit, else its size constants halved (batch,\n"
             "# then spatial, then features; kernel sizes, strides, groups and heads kept).\n"
             "# gflops: torch's FLOP counter, or one FLOP per element of the largest operand of\n"
-            "# every op when it counts 0. Hand edits: pipeline, dtype and xfail here (kept on\n"
+            "# every op when it counts 0. family: the schedule family of the exported graph.\n"
+            "# Hand edits: pipeline (replaces family), dtype and xfail here (kept on\n"
             "# regeneration); anything else in overrides.yaml of this folder.\n"
         )
 

@@ -1,13 +1,18 @@
 """A kernel's schedule family (`matmul`, `conv2d`, `element_wise`, ...) from the ops of its
-exported graph: the family of its dominant op, the first of FAMILIES present in the graph.
+exported graph: the family of its dominant op.
 
 The graph is `torch.export`'s ATen graph before decompositions, so `linear`, `conv2d`,
-`softmax` or `layer_norm` are still whole ops. A graph of nothing but element-wise ops is
-`element_wise`; one with an op no family claims and no heavy op has no family (None).
+`softmax` or `layer_norm` are still whole ops. The dominant op is the heavy op (convolutions and
+matrix products, HEAVY) doing the most FLOPs, counted from the shapes recorded on the graph's
+nodes; without heavy ops, the first of the other FAMILIES present. Products are told apart by
+their operands: both batched is `batch_matmul`, a vector operand or a single output column is
+`matvec`. A graph of nothing but element-wise ops is `element_wise`; one with an op no family
+claims and no heavy op has no family (None).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -24,6 +29,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "reduction": ("sum", "mean", "amax", "amin", "max", "min", "prod", "argmax", "argmin",
                   "var", "std", "norm", "cumsum", "cumprod", "logsumexp"),
 }  # fmt: skip
+# Families whose ops are weighed by their FLOPs to find the dominant one.
+HEAVY = ("conv3d", "conv2d", "batch_matmul", "matmul", "matvec")
 # Ops that compute one output element from the same element of each input (or reshape).
 ELEMENT_WISE = frozenset([
     "add", "sub", "mul", "div", "relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt",
@@ -33,21 +40,20 @@ ELEMENT_WISE = frozenset([
     "reshape", "flatten", "unsqueeze", "squeeze", "expand", "contiguous", "clone", "to",
     "dropout", "alias", "detach", "lift_fresh_copy", "_to_copy",
 ])  # fmt: skip
+_OP_FAMILY = {op: family for family, ops in FAMILIES.items() for op in ops}
 
 
 def op_names(model: torch.nn.Module, args: Sequence) -> list[str]:
     """ATen op names (e.g. `linear`, overloads stripped) of the model's exported graph."""
-    exported = torch.export.export(model, tuple(args))
-    names = []
-    for node in exported.graph.nodes:
-        if node.op == "call_function" and hasattr(node.target, "_schema"):
-            names.append(node.target._schema.name.split("::", 1)[-1])
-    return names
+    return [name for name, _ in _ops(torch.export.export(model, tuple(args)))]
 
 
-def classify(names: Iterable[str]) -> str | None:
-    """The family of a graph with these op names (see the module docstring)."""
+def classify(names: Iterable[str], flops: dict[str, int] | None = None) -> str | None:
+    """The family of a graph with these op names, given the FLOPs of its heavy families."""
     present = {name.rstrip("_") for name in names}  # in-place relu_ is relu
+    weighed = {family: n for family, n in (flops or {}).items() if n > 0}
+    if weighed:
+        return max(weighed, key=lambda family: (weighed[family], -HEAVY.index(family)))
     for family, ops in FAMILIES.items():
         if present & set(ops):
             return family
@@ -57,5 +63,61 @@ def classify(names: Iterable[str]) -> str | None:
 
 
 def family_of(model: torch.nn.Module, args: Sequence) -> str | None:
-    """The schedule family of a model called with these arguments."""
-    return classify(op_names(model, args))
+    """The schedule family of a model called with these arguments (real or meta tensors)."""
+    ops = _ops(torch.export.export(model, tuple(args)))
+    flops: dict[str, int] = {}
+    for name, node in ops:
+        family = _heavy_family(name, node)
+        if family is not None:
+            flops[family] = flops.get(family, 0) + _flops(name, node)
+    return classify([name for name, _ in ops], flops)
+
+
+def _ops(exported) -> list[tuple[str, torch.fx.Node]]:
+    found = []
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and hasattr(node.target, "_schema"):
+            found.append((node.target._schema.name.split("::", 1)[-1], node))
+    return found
+
+
+def _shape(value) -> tuple[int, ...] | None:
+    meta = getattr(value, "meta", {}).get("val")
+    return tuple(meta.shape) if isinstance(meta, torch.Tensor) else None
+
+
+def _heavy_family(name: str, node: torch.fx.Node) -> str | None:
+    """The family of a heavy op node, refined by its operands' shapes."""
+    family = _OP_FAMILY.get(name.rstrip("_"))
+    if family not in HEAVY:
+        return None
+    tensors = [s for s in map(_shape, node.args) if s is not None]
+    out = _shape(node)
+    if family == "conv2d" and len(tensors) >= 2 and len(tensors[1]) == 5:
+        return "conv3d"  # a generic `convolution` with a 3-D kernel
+    if name in ("matmul", "mm", "addmm", "linear") and len(tensors) >= 2:
+        a, b = (tensors[1], tensors[2]) if name == "addmm" and len(tensors) >= 3 else tensors[:2]
+        if len(a) >= 3 and len(b) >= 3:
+            return "batch_matmul"
+        if len(a) == 1 or len(b) == 1 or (out is not None and len(out) == 2 and out[-1] == 1):
+            return "matvec"
+    return family
+
+
+def _flops(name: str, node: torch.fx.Node) -> int:
+    """Twice the multiply-adds of a heavy op node, from its shapes (0 when unknown)."""
+    tensors = [s for s in map(_shape, node.args) if s is not None]
+    out = _shape(node)
+    if out is None or not tensors:
+        return 0
+    if "conv" in name:
+        if len(tensors) < 2:
+            return 0
+        data, weight = tensors[0], tensors[1]
+        if "transpose" in name or (name == "convolution" and len(node.args) > 6 and node.args[6]):
+            return 2 * math.prod(data) * math.prod(weight[1:])  # every input scatters a kernel
+        return 2 * math.prod(out) * math.prod(weight[1:])
+    operand = (
+        tensors[1] if name in ("addmm", "baddbmm", "addmv") and len(tensors) > 1 else tensors[0]
+    )
+    return 2 * math.prod(out) * operand[-1]

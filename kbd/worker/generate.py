@@ -17,8 +17,8 @@ floats: all 0 -> `0`, all 1 -> `1`, identity -> `id`, square upper/lower triangu
 `triu`/`tril`, only -1/+1 -> `sign`, square symmetric -> `sym`, positive rows summing to 1 ->
 `prob`, any negative value -> `randn`, else `rnd`; a Python number -> itself, init `scalar`.
 
-Further entry fields (e.g. a pipeline family read off the exported graph) are added by
-appending a function to FIELD_STEPS; each gets the measured `Problem` and returns fields.
+Further entry fields come from FIELD_STEPS, functions that get the measured `Problem` and return
+fields: `family`, the schedule family of the exported graph (kbd.worker.families).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from kbd.levels import knobs
 from kbd.protocol import Budget, Generate, Generated, Result
+from kbd.worker import families
 
 DTYPE_NAMES = {
     torch.float64: "f64",
@@ -73,6 +74,8 @@ class Measure:
     estimated_flops: int
     outputs: list[tuple[int, ...]]
     init_args: list
+    # Builds the model and its inputs again, on the devices this measure ran on (meta if it could).
+    rebuild: Callable[[], tuple[torch.nn.Module, list]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -95,7 +98,20 @@ class Problem:
     measure: Measure
 
 
-FIELD_STEPS: list[Callable[[Problem], dict[str, Any]]] = []
+def family_field(problem: Problem) -> dict[str, Any]:
+    """`family`: the schedule family of the exported graph at the chosen shapes, when it has one
+    (kbd.worker.families); a model that does not export gets none, and the log says why."""
+    try:
+        with _quiet():
+            model, inputs = problem.measure.rebuild()
+            family = families.family_of(model, inputs)
+    except Exception as exc:
+        print(f"kbd: no family: the model does not export: {type(exc).__name__}: {exc}")
+        return {}
+    return {"family": family} if family else {}
+
+
+FIELD_STEPS: list[Callable[[Problem], dict[str, Any]]] = [family_field]
 
 
 def answer(
@@ -323,10 +339,15 @@ def measure(module: types.ModuleType, model_module=None, explicit=None) -> Measu
     with _quiet():
         for build_dev, run_dev in (("meta", "meta"), ("cpu", "meta"), ("cpu", "cpu")):
             try:
-                model, init_args = build(build_dev)
-                if run_dev != build_dev:
-                    model = model.to(run_dev)
-                return _forward(model, inputs(run_dev), init_args)
+
+                def rebuild(build_dev=build_dev, run_dev=run_dev):
+                    model, init_args = build(build_dev)
+                    return model.to(run_dev), inputs(run_dev), init_args
+
+                model, args, init_args = rebuild()
+                found = _forward(model, args, init_args)
+                found.rebuild = lambda rebuild=rebuild: rebuild()[:2]
+                return found
             except GenError:
                 raise
             except Exception as exc:
