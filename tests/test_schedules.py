@@ -14,7 +14,7 @@ import torch
 
 from kbd import descriptor, target
 from kbd.worker import ingress, mlir, runtime
-from tests.conftest import fixture_args, json_records, kbd
+from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 ARCH, HOST_FEATURES = descriptor.host_target()
@@ -35,10 +35,54 @@ class BiasChain(torch.nn.Module):
         return torch.sigmoid(x + bias) * x
 
 
+class Bmm(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b)
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+
+class LogSoftmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, dim=-1)
+
+
+class SumLast(torch.nn.Module):
+    def forward(self, x):
+        return torch.sum(x, dim=-1)
+
+
+class MaxMiddle(torch.nn.Module):
+    def forward(self, x):
+        return torch.max(x, dim=1)[0]
+
+
+class SumMiddleKeepdim(torch.nn.Module):
+    def forward(self, x):
+        return torch.sum(x, dim=1, keepdim=True)
+
+
+class MeanMiddle(torch.nn.Module):
+    def forward(self, x):
+        return torch.mean(x, dim=1)
+
+
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [(Matmul, [(64, 64), (64, 64)]), (Matmul, [(32, 48), (48, 17)])],
+    "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
     "element_wise": [(Chain, [(8, 64)]), (Chain, [(3, 5, 7)]), (BiasChain, [(6, 10), (10,)])],
+    "softmax": [(Softmax, [(8, 64)]), (Softmax, [(5, 37)]), (LogSoftmax, [(4, 100)])],
+    "reduction": [
+        (SumLast, [(6, 64)]),
+        (SumLast, [(5, 37)]),
+        (MaxMiddle, [(4, 33, 70)]),
+        (SumMiddleKeepdim, [(3, 9, 130)]),
+        (MeanMiddle, [(2, 16, 64)]),
+    ],
 }
 
 
@@ -111,3 +155,28 @@ def test_a_family_schedule_runs_in_a_sandboxed_worker_with_two_threads(tmp_path)
     records = json_records(result.stdout)
     assert records["level1/1_matmul"]["outcome"] == "pass", result.stderr
     assert records["level1/2_relu_scale"]["outcome"] == "pass", result.stderr
+    assert records["level1/1_matmul"]["pipeline"] == str(schedule)
+
+
+def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
+    """An entry's generated family picks its schedule through the finder (ranked host features);
+    a family without a schedule for this CPU runs the scalar pipeline, and the record says so."""
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(
+        "- kernel: level1/1_matmul.py\n  input_shapes: [32x48, 48x16]\n"
+        "  initializations: [rnd, rnd]\n  family: matmul\n"
+        "- kernel: level1/2_relu_scale.py\n  input_shapes: [8x64, 2.5]\n"
+        "  initializations: [randn, scalar]\n  family: conv3d\n"
+    )
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
+    result = kbd("run", *args, cwd=tmp_path)
+    records = json_records(result.stdout)
+    assert [r["outcome"] for r in records.values()] == ["pass", "pass"], result.stderr
+    arch, flags = descriptor.host_target()
+    found = descriptor.find_pipeline(
+        "matmul", "f32", schedules_dir=SCHEDULES, arch=arch, features=target.ranked(flags)
+    )
+    assert records["level1/1_matmul"]["pipeline"] == str(found.relative_to(SCHEDULES))
+    assert records["level1/2_relu_scale"]["pipeline"].startswith(
+        "scalar-lowering.yaml (no conv3d f32 schedule for "
+    )

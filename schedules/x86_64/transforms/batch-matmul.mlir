@@ -1,0 +1,53 @@
+// Fast f32 batch_matmul: the matmul recipe (matmul.mlir) with the batch dim tiled by 1 at the
+// thread level, so each scf.forall iteration is one M,N block of one matrix. Cache tiles, a
+// register tile vectorized into an outer-product micro-kernel,
+// contraction -> outer products -> vector.fma (BLIS style: $reg_m broadcast rows of A times one
+// $reg_n-wide row of B, accumulated in $reg_m x $reg_n registers across the K loop).
+// Variables (set by the descriptor that uses this script):
+//   block_m, block_n  M,N block per scf.forall iteration (the thread level; B block in L2)
+//   block_k           K block (A panel $reg_m x $block_k and B panel $block_k x $reg_n in L1)
+//   reg_m, reg_n      register tile: reg_m * reg_n / lanes accumulators must fit the vector file
+// Tiles that do not divide the shape are vectorized with masks (correct, slower).
+// Runs on linalg-on-tensors, before bufferization; every linalg.batch_matmul is tiled.
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %matmuls = transform.structured.match ops{["linalg.batch_matmul"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %func = transform.structured.match ops{["func.func"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    // Thread / L2 level: M,N blocks as scf.forall (lowered to OpenMP or to a sequential loop).
+    %blocks, %forall = transform.structured.tile_using_forall %matmuls
+        tile_sizes [1, $block_m, $block_n]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // L1 level: K blocks.
+    %panels, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, $block_k]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // Register level: one reg_m x reg_n tile per step of k.
+    %tile, %loops:4 = transform.structured.tile_using_for %panels tile_sizes [1, $reg_m, $reg_n, 1]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
+                                !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %tile vector_sizes [1, $reg_m, $reg_n, 1]
+        {create_named_contraction} : !transform.any_op
+    transform.apply_patterns to %func {
+      transform.apply_patterns.vector.reduction_to_contract
+      transform.apply_patterns.vector.transfer_permutation_patterns
+    } : !transform.any_op
+    // Keep the accumulator in registers across the k loop.
+    %all_loops = transform.structured.match interface{LoopLikeInterface} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.apply_licm to %all_loops : !transform.any_op
+    transform.loop.hoist_loop_invariant_subsets %all_loops : !transform.any_op
+    transform.apply_patterns to %func {
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    transform.apply_patterns to %func {
+      transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
+      transform.apply_patterns.vector.lower_outerproduct
+    } : !transform.any_op
+    // Masked transfers (partial tiles) must be plain masked ops before bufferization.
+    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
+      : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}
