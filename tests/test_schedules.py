@@ -70,11 +70,22 @@ class MeanMiddle(torch.nn.Module):
         return torch.mean(x, dim=1)
 
 
+class Mv(torch.nn.Module):
+    def forward(self, a, x):
+        return torch.mv(a, x)
+
+
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [(Matmul, [(64, 64), (64, 64)]), (Matmul, [(32, 48), (48, 17)])],
     "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
     "element_wise": [(Chain, [(8, 64)]), (Chain, [(3, 5, 7)]), (BiasChain, [(6, 10), (10,)])],
+    "matvec": [
+        (Matmul, [(64, 256), (256, 1)]),
+        (Matmul, [(37, 70), (70, 1)]),
+        (Mv, [(40, 70), (70,)]),
+        (Matmul, [(12, 20), (20, 3)]),  # not a matrix-vector product: still correct
+    ],
     "softmax": [(Softmax, [(8, 64)]), (Softmax, [(5, 37)]), (LogSoftmax, [(4, 100)])],
     "reduction": [
         (SumLast, [(6, 64)]),

@@ -32,6 +32,7 @@ module attributes {transform.with_named_sequence} {
       ^bb1(%store: !transform.any_op):
         %last = transform.get_producer_of_operand %store[0]
           : (!transform.any_op) -> !transform.any_op
+        transform.match.operation_name %last ["linalg.generic"] : !transform.any_op
         %tiled, %forall = transform.structured.fuse %last tile_sizes [$rows]
             {use_forall, apply_cleanup}
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
