@@ -390,5 +390,6 @@ def test_check_reports_layout_and_schema_problems(tmp_path: Path, capsys):
     args = ["levels", "check", "--levels-dir", str(levels), "--kernelbench", str(tmp_path / "no")]
     assert cli.main(args) == 1
     out = capsys.readouterr().out
-    assert "level1.yaml:11: not in the generator's layout (expected '  gflops: 1')" in out
+    line = SMOKE.header("level1").count("\n") + 3  # after the header, a blank line, the kernel
+    assert f"level1.yaml:{line}: not in the generator's layout (expected '  gflops: 1')" in out
     assert "level2/1_K.py: unknown field 'colour'" in out
