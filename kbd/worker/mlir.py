@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch_mlir import fx, ir, passmanager
-from torch_mlir.dialects import bufferization, func
+from torch_mlir.dialects import arith, bufferization, func
+from torch_mlir.dialects import math as math_dialect
 from torch_mlir.dialects.transform import interpreter
 from torch_mlir.execution_engine import ExecutionEngine
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
@@ -255,6 +256,11 @@ def apply_stage(module: ir.Module, stage: Stage, *, print_after: TextIO | None =
     with _Diagnostics(module.context) as diagnostics:
         try:
             with module.context:
+                if stage.kind == "pass" and stage.text in REWRITES:
+                    REWRITES[stage.text](module)  # kbd's own rewrite, not an MLIR pass
+                    if print_after is not None:
+                        print_module(module, f"IR Dump After {stage.text}", print_after)
+                    return
                 if stage.kind == "pass":
                     pm = passmanager.PassManager.parse(pass_pipeline(stage))
                     if print_after is None:
@@ -339,6 +345,77 @@ class _Diagnostics:
 
     def first_error(self) -> str | None:
         return self.errors[0] if self.errors else None
+
+
+# --- kbd's own rewrites, run as `pass: kbd-...` stages ---------------------------------------
+#
+# For what these bindings lack: `math-polynomial-approximation` is not registered, so a vector
+# `math.exp` would become one libm call per lane.
+
+# Cephes' expf: exp(x) = 2^n * p(r), n = round(x / ln 2) (at most 127), r = x - n ln 2 (ln 2 in
+# two parts), p a degree-7 polynomial: within a few ulp for x in [-88.38, 88.72]; 0 below
+# (no denormals), +inf above, NaN kept.
+_EXP_LOW, _EXP_HIGH = -88.3762626647949, 88.72283935546875
+_LOG2E = 1.44269504088896341
+_LN2_PARTS = (0.693359375, -2.12194440e-4)
+_EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                   1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
+
+
+def polynomial_exp(module: ir.Module) -> int:
+    """Replace each `math.exp` of an f32 vector by a polynomial in vector arithmetic (the
+    `kbd-polynomial-exp` stage); returns how many were replaced."""
+    found = []
+
+    def visit(op) -> ir.WalkResult:
+        operand = op.operands[0].type if op.name == "math.exp" else None
+        if isinstance(operand, ir.VectorType) and isinstance(operand.element_type, ir.F32Type):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with module.context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for op in found:
+            _expand_exp(op)
+    return len(found)
+
+
+def _expand_exp(op) -> None:
+    x = op.operands[0]
+    floats = ir.VectorType(x.type)
+    ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
+    with ir.InsertionPoint(op), op.location:
+
+        def splat(vector_type, attribute):
+            return arith.constant(
+                vector_type, ir.DenseElementsAttr.get_splat(vector_type, attribute)
+            )
+
+        def const(value: float):
+            return splat(floats, ir.FloatAttr.get(ir.F32Type.get(), value))
+
+        given = x
+        x = arith.maximumf(arith.minimumf(x, const(_EXP_HIGH)), const(_EXP_LOW))
+        n = math_dialect.floor(math_dialect.fma(x, const(_LOG2E), const(0.5)))
+        n = arith.minimumf(n, const(127.0))
+        r = math_dialect.fma(n, const(-_LN2_PARTS[0]), x)
+        r = math_dialect.fma(n, const(-_LN2_PARTS[1]), r)
+        p = const(_EXP_POLYNOMIAL[0])
+        for coefficient in _EXP_POLYNOMIAL[1:]:
+            p = math_dialect.fma(p, r, const(coefficient))
+        p = arith.addf(math_dialect.fma(p, arith.mulf(r, r), r), const(1.0))
+        i32 = ir.IntegerType.get_signless(32)
+        exponent = arith.addi(arith.fptosi(ints, n), splat(ints, ir.IntegerAttr.get(i32, 127)))
+        scale = arith.bitcast(
+            floats, arith.shli(exponent, splat(ints, ir.IntegerAttr.get(i32, 23)))
+        )
+        overflow = arith.cmpf(arith.CmpFPredicate.OGT, given, const(_EXP_HIGH))
+        result = arith.select(overflow, const(float("inf")), arith.mulf(p, scale))
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+REWRITES = {"kbd-polynomial-exp": polynomial_exp}
 
 
 def set_target_features(module: ir.Module, features: Sequence[str]) -> None:
