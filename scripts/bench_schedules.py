@@ -57,23 +57,11 @@ class _Bmm(torch.nn.Module):
         return torch.bmm(a, b)
 
 
-class _SumMiddle(torch.nn.Module):
-    def forward(self, x):
-        return torch.sum(x, dim=1)
-
-
-class _SumLast(torch.nn.Module):
-    def forward(self, x):
-        return torch.sum(x, dim=-1)
-
-
 CASES = {
     "matmul": Case("matmul", _Matmul, ((1024, 1024), (1024, 1024)), 2 * 1024**3),
     "bmm": Case("batch_matmul", _Bmm, ((8, 512, 512), (8, 512, 512)), 2 * 8 * 512**3),
     "chain": Case("element_wise", _Chain, ((4096, 4096),), 5 * 4096 * 4096),
     "softmax": Case("softmax", _Softmax, ((4096, 1024),), 5 * 4096 * 1024),
-    "sum-middle": Case("reduction", _SumMiddle, ((16, 1024, 1023),), 16 * 1024 * 1023),
-    "sum-last": Case("reduction", _SumLast, ((4096, 1024),), 4096 * 1024),
 }
 
 

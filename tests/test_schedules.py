@@ -30,6 +30,11 @@ class Chain(torch.nn.Module):
         return torch.tanh(torch.relu(2 * x + 1)) * 0.5
 
 
+class Cube(torch.nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(x + 0.044715 * torch.pow(x, 3.0)))
+
+
 class BiasChain(torch.nn.Module):
     def forward(self, x, bias):
         return torch.sigmoid(x + bias) * x
@@ -79,15 +84,22 @@ class Mv(torch.nn.Module):
 CASES = {
     "matmul": [(Matmul, [(64, 64), (64, 64)]), (Matmul, [(32, 48), (48, 17)])],
     "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
-    "element_wise": [(Chain, [(8, 64)]), (Chain, [(3, 5, 7)]), (BiasChain, [(6, 10), (10,)])],
+    "element_wise": [
+        (Chain, [(8, 64)]),
+        (Chain, [(3, 5, 7)]),
+        (BiasChain, [(6, 10), (10,)]),
+        (Cube, [(4, 40)]),
+    ],
     "matvec": [
         (Matmul, [(64, 256), (256, 1)]),
         (Matmul, [(37, 70), (70, 1)]),
         (Mv, [(40, 70), (70,)]),
         (Matmul, [(12, 20), (20, 3)]),  # not a matrix-vector product: still correct
     ],
-    "softmax": [(Softmax, [(8, 64)]), (Softmax, [(5, 37)]), (LogSoftmax, [(4, 100)])],
-    "reduction": [
+    "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
+        (Softmax, [(8, 64)]),
+        (Softmax, [(5, 37)]),
+        (LogSoftmax, [(4, 100)]),
         (SumLast, [(6, 64)]),
         (SumLast, [(5, 37)]),
         (MaxMiddle, [(4, 33, 70)]),

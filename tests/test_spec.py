@@ -39,7 +39,8 @@ def test_defaults_and_no_memory_cap(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "opt_level"),
     [(["run"], 3), (["sweep"], 3), (["sweep", "--smoke-test"], 0),
-     (["sweep", "--smoke-test", "-O", "2"], 2), (["run", "-O", "1"], 1)],
+     (["sweep", "--smoke-test", "-O", "2"], 2), (["run", "-O", "1"], 1),
+     (["sweep", "--smoke-test", "--schedules", "family"], 3)],
 )  # fmt: skip
 def test_smoke_tests_jit_at_O0_unless_told(tmp_path, argv, opt_level):
     assert _from(argv, tmp_path).opt_level == opt_level
