@@ -71,8 +71,10 @@ def fresh_interpreter_start(samples: int) -> list[float]:
 async def worker_start(samples: int, kb: Path) -> list[float]:
     """Spawn request -> first heartbeat, for `samples` workers in a row."""
     env = {**os.environ, **limits.thread_env(1)}
+    source = kb / "level1" / "0_start.py"
     job = Job(
-        kernel="level1/0_start.py", source=str(kb / "level1" / "0_start.py"), inputs=None,
+        kernel="level1/0_start.py", source=str(source), source_text=source.read_text(),
+        inputs=None,
         init_args=None, outputs=None, dtype="f32", stages=[], seed=0, tolerance=0.01,
         max_tolerance=1.0, opt_level=3, limits=Limits(cores=(0,), mem_limit=4 << 30),
     )  # fmt: skip
