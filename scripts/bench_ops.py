@@ -1,6 +1,6 @@
 """Eager against compiled for a fixed set of ops at benchmark shapes, measured by kbd itself.
 
-The ops (benchmarks/ops: matmul, batched matmul, an element-wise chain, softmax, conv2d) run
+The ops (scripts/ops: matmul, batched matmul, an element-wise chain, softmax, conv2d) run
 through `kbd run --benchmark`: each in its own worker, checked against eager, then timed by the
 bench phase (compiled in the JIT's own timing loop, eager in Python, alternating batches on the
 same pinned cores). Each op gets the schedule the finder picks for its `pipeline:` family on this
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OPS_ROOT = ROOT / "benchmarks" / "ops"
+OPS_ROOT = ROOT / "scripts" / "ops"
 OPS_LEVELS = OPS_ROOT / "levels.yaml"
 sys.path.insert(0, str(ROOT))
 
