@@ -66,12 +66,14 @@ def test_sweep_json_lines_match_run(tmp_path):
 
 
 def test_kill_9_leaves_no_worker_and_resume_completes(tmp_path):
-    args = fixture_args(*QUICK, "level9/6_", "-j", "1", "--timeout", "4")
+    # -O0 and an 8 s limit: a loaded machine must not turn a quick kernel into a timeout in one
+    # of the two runs compared below.
+    args = fixture_args(*QUICK, "level9/6_", "-j", "1", "-O", "0", "--timeout", "8")
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "kbd", "sweep", *args],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    # Kill the supervisor while a worker runs (the hang keeps one busy for 4 s).
+    # Kill the supervisor while a worker runs (the hang keeps one busy for 8 s).
     assert _wait_for(lambda: len(_template_processes(supervisor.pid)) >= 2, 60)
     supervisor.send_signal(signal.SIGKILL)
     supervisor.wait()
@@ -92,7 +94,9 @@ def test_kill_9_leaves_no_worker_and_resume_completes(tmp_path):
 
 
 def test_ctrl_c_finishes_running_kernels_then_resume(tmp_path):
-    args = fixture_args("level9/6_", "level1/1_", "level1/2_", "-j", "1", "--timeout", "3")
+    args = fixture_args(
+        "level9/6_", "level1/1_", "level1/2_", "-j", "1", "-O", "0", "--timeout", "6"
+    )
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "kbd", "sweep", *args],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
