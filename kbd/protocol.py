@@ -273,6 +273,9 @@ class Coverage(msgspec.Struct, frozen=True):
     graph_breaks: int  # times Dynamo stopped tracing (graph breaks and skipped frames)
     break_reasons: list[str] = []  # first line of each distinct reason
     eager_ops: dict[str, int] = {}  # aten ops that ran outside compiled graphs, by name
+    # False: the kernel failed before its checked forward finished; the counts are what was
+    # compiled until then, and eager_ops was not measured.
+    finished: bool = True
 
 
 class Result(msgspec.Struct, frozen=True, tag="result"):

@@ -43,11 +43,12 @@ def coverage(record: Record) -> str:
     c = record.coverage
     if c is None:
         return ""
+    graphs = f"{c.subgraphs} graph{'s' * (c.subgraphs != 1)} ({c.graph_ops} ops)"
+    breaks = f"{c.graph_breaks} break{'s' * (c.graph_breaks != 1)}"
+    if not c.finished:
+        return f"{graphs} compiled before the failure, {breaks}"
     eager = sum(c.eager_ops.values())
-    return (
-        f"{c.subgraphs} graph{'s' * (c.subgraphs != 1)} ({c.graph_ops} ops), "
-        f"{c.graph_breaks} break{'s' * (c.graph_breaks != 1)}, {eager} eager op{'s' * (eager != 1)}"
-    )
+    return f"{graphs}, {breaks}, {eager} eager op{'s' * (eager != 1)}"
 
 
 def json_line(record: Record) -> str:
@@ -111,14 +112,18 @@ def artifacts(records: list[Record], most: int = 10) -> list[str]:
 
 def compile_coverage(records: list[Record]) -> str:
     """One line on how much of the compile-mode forwards went through MLIR."""
-    full = sum(1 for r in records if r.coverage.subgraphs and not r.coverage.eager_ops)
-    partial = sum(1 for r in records if r.coverage.subgraphs and r.coverage.eager_ops)
-    none = sum(1 for r in records if not r.coverage.subgraphs)
+    finished = [r.coverage for r in records if r.coverage.finished]
+    full = sum(1 for c in finished if c.subgraphs and not c.eager_ops)
+    partial = sum(1 for c in finished if c.subgraphs and c.eager_ops)
+    none = sum(1 for c in finished if not c.subgraphs)
+    failed = len(records) - len(finished)
     graphs = sum(r.coverage.subgraphs for r in records)
     breaks = sum(r.coverage.graph_breaks for r in records)
     return (
         f"compile coverage: {full} fully compiled, {partial} with ops left to eager, "
-        f"{none} nothing compiled; {graphs} graphs, {breaks} graph breaks"
+        f"{none} nothing compiled"
+        + (f", {failed} failed while compiling" * bool(failed))
+        + f"; {graphs} graphs, {breaks} graph breaks"
     )
 
 

@@ -20,6 +20,7 @@ EXPECTED = {
     "level7/4_tensor_attribute": ("pass", "pass"),
     "level7/5_buffer_mutation": ("pass", "pass"),
     "level7/6_transformer_layer": ("pass", "pass"),  # compile mode: MHA fast path off
+    "level7/7_backend_error": ("error", "error"),  # torch-mlir cannot lower the FFT
     "level9/1_mismatch": ("mismatch", "mismatch"),
     "level9/15_segfault_traced": ("crash", "crash"),
     "level9/16_llvm_abort_traced": ("crash", "crash"),
@@ -81,6 +82,22 @@ def test_graph_break_is_counted(both):
     assert "Data-dependent branching" in coverage["break_reasons"][0]
     assert coverage["eager_ops"]  # the branch condition is evaluated in eager
     assert records["level7/1_graph_break", "import"]["coverage"] is None
+
+
+def test_failure_in_the_backend_keeps_coverage(both):
+    """A kernel that fails compiling its second graph records the graph compiled before."""
+    result, records, _ = both
+    record = records["level7/7_backend_error", "compile"]
+    assert (record["phase"], record["message"]) == (
+        "import",
+        "TorchMlirCompilerError: Lowering Torch Backend IR -> Linalg-on-Tensors Backend IR "
+        "failed with the following diagnostics:",
+    )
+    coverage = record["coverage"]
+    assert (coverage["subgraphs"], coverage["graph_breaks"], coverage["finished"]) == (1, 1, False)
+    assert "graph_break()" in coverage["break_reasons"][0]
+    assert "1 graph (2 ops) compiled before the failure, 1 break" in result.stdout
+    assert "1 failed while compiling" in result.stdout
 
 
 def test_eager_only_forward_is_not_a_pass(both):

@@ -242,15 +242,22 @@ def eager_ops(profile) -> dict[str, int]:
     return dict(found)
 
 
-def coverage(backend: Backend, eager: dict[str, int]) -> Coverage:
-    """What was compiled and what was left to eager, for the record."""
-    reasons = counters["unimplemented"]
+def coverage(backend: Backend, eager: dict[str, int], finished: bool = True) -> Coverage:
+    """What was compiled and what was left to eager, for the record (`finished=False`: what
+    was compiled before the kernel failed)."""
+    # Dynamo counts unsupported constructs under "unimplemented" and explicit breaks
+    # (torch._dynamo.graph_break()) under "graph_break"; a reason in both is counted once.
+    reasons: Counter = Counter()
+    for kind in ("unimplemented", "graph_break"):
+        for reason, n in counters[kind].items():
+            reasons[reason] = max(reasons[reason], n)
     return Coverage(
         subgraphs=len(backend.graph_ops),
         graph_ops=sum(backend.graph_ops),
         graph_breaks=sum(reasons.values()),
         break_reasons=[_first_line(r) for r in list(reasons)[:MAX_REASONS]],
         eager_ops=eager,
+        finished=finished,
     )
 
 

@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+import msgspec
 import numpy as np
 import torch
 
@@ -171,6 +172,22 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
     dynamo.configure()
     pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
     backend = dynamo.Backend(pipeline, job.kernel, job.opt_level, step)
+    try:
+        return _compile_and_check(job, step, model, args, eager, limits_enforced, backend)
+    except BaseException as exc:  # a failure still records what was compiled until then
+        return msgspec.structs.replace(
+            _failure(backend.error or exc, step, limits_enforced),
+            coverage=dynamo.coverage(backend, {}, finished=False),
+            random_inputs=backend.random_inputs,
+            state_writes=backend.state_writes,
+        )
+
+
+def _compile_and_check(
+    job: Job, step: _Step, model, args, eager: _Eager, limits_enforced, backend
+) -> Result:
+    from kbd.worker import dynamo
+
     compiled = torch.compile(model, backend=backend, dynamic=False)
     step("compile")
     start, inner = time.perf_counter(), sum(step.times.values())
