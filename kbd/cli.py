@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="compare the benchmark figures of two stored sweeps",
         description="Compare two stored sweeps kernel by kernel (e.g. two pipelines, or before "
-        "and after a schedule change): the ratio of their speedups over eager with a 95%% "
+        "and after a schedule change): the ratio of their speedups over eager with a 95% "
         "interval, outcome changes, and which differences are significant given the measured "
         "noise. Rows without a significant difference are counted, not listed.",
     )

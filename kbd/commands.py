@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from kbd.scheduler import Planned
 
 SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
-MODES = {"import": ("import",), "compile": ("compile",), "both": ("import", "compile")}
 SECONDS_PER_GFLOP = 2.0  # scalar-loop code; only used to order kernels never run before
 
 
@@ -267,8 +266,8 @@ def _plan(options: SweepSpec, store: Store | None):
     compiled_dir = Path(options.cwd) / ".kbd" / compile_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
-    single = len(entries) * len(MODES[options.mode]) == 1  # --print-to then names a file
-    for entry, mode in ((e, m) for e in entries for m in MODES[options.mode]):
+    single = len(entries) * len(options.modes) == 1  # --print-to then names a file
+    for entry, mode in ((e, m) for e in entries for m in options.modes):
         source = root / entry.kernel
         chosen = (
             pipelines.Chosen(override, " + ".join(options.pipeline))

@@ -7,11 +7,11 @@ from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
-from kbd import reports
+from kbd import reports, spec
 from kbd.bench import report
 from kbd.errors import InputError
 from kbd.outcomes import format_counts
-from kbd.store import Store
+from kbd.store import Store, Sweep
 
 
 def open_store(args: Namespace) -> Store:
@@ -39,11 +39,11 @@ def show_results(args: Namespace) -> int:
     print(f"sweep {sweep.id} ({sweep.status}, {_when(sweep.created)}): {sweep.command}")
     for record in records:
         print(reports.line(record))
-    missing = len(sweep.kernels) - len(records)
+    missing = _expected_runs(sweep) - len(records)
     print()
     print(reports.summary(records))
     if missing:
-        print(f"{missing} kernels have no result yet: `kbd sweep --resume {sweep.id}`")
+        print(f"{missing} runs have no result yet: `kbd sweep --resume {sweep.id}`")
     return 0
 
 
@@ -58,11 +58,17 @@ def list_sweeps(args: Namespace) -> int:
         records = store.records(sweep.id)
         tally = Counter(r.outcome for r in records)
         outcomes = format_counts(tally)
-        done = f"{len(records)}/{len(sweep.kernels)}"
+        done = f"{len(records)}/{_expected_runs(sweep)}"
         print(
             f"{sweep.id:>4}  {_when(sweep.created):<19}  {sweep.status:<11}  {done:>9}  {outcomes}"
         )
     return 0
+
+
+def _expected_runs(sweep: Sweep) -> int:
+    """Records the sweep makes when complete: one per kernel and mode."""
+    options = spec.decode(sweep.options, f"sweep {sweep.id}")
+    return len(sweep.kernels) * len(options.modes)
 
 
 def _when(timestamp: float) -> str:

@@ -93,6 +93,11 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     cluster: str | None = None
 
     @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes each kernel runs in: one record per kernel and mode."""
+        return ("import", "compile") if self.mode == "both" else (self.mode,)
+
+    @property
     def family_schedules(self) -> bool:
         """Do kernels run their family schedules (kbd.pipelines)?"""
         return self.schedules == "family" if self.schedules else not self.smoke_test
