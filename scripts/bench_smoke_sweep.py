@@ -3,10 +3,10 @@
 Runs `kbd sweep --smoke-test -j N` over the whole catalog (or the given prefixes) for each
 variant in turn: the baseline revision (checked out into a temporary git worktree and run with
 this tree's virtual environment), this tree, and optionally this tree with `--no-sandbox` (what
-containment costs). Every variant gets a fresh results database, no import cache and no daemon,
-so each pays what a fresh clone pays. Prints the CPU, outcome counts per level, wall time,
-per-phase totals summed over kernels, the ratios against the baseline, and every kernel whose
-outcome differs between variants.
+containment costs; it runs first). Every variant gets a fresh results database, empty import and
+compile caches and no daemon, so each pays what a fresh clone pays. Prints the CPU, outcome
+counts per level, wall time, per-phase totals summed over kernels, the ratios against the first
+variant, and every kernel whose outcome differs between variants.
 Run it with `scripts/bench-smoke-sweep [--baseline REV] [--no-sandbox-variant] [PREFIX ...]`.
 """
 
@@ -40,16 +40,19 @@ def cpu() -> str:
     return f"{info['model name']} (family {info['cpu family']} model {info['model']}, {vector})"
 
 
-def sweep(tree: Path, extra: list[str], prefixes: list[str], jobs: int, scratch: Path) -> dict:
-    """Run one smoke sweep from `tree`; return its records by kernel and its wall time."""
-    scratch.mkdir(parents=True)
+def sweep(
+    tree: Path, extra: list[str], prefixes: list[str], jobs: int, scratch: Path, cwd: Path
+) -> dict:
+    """Run one smoke sweep of `tree`'s kbd in `cwd`; return its records by kernel and its wall
+    time."""
+    scratch.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "kbd", "sweep", "--smoke-test", "-j", str(jobs), "--json",
                "--db", str(scratch / "results.db"), "--log-dir", str(scratch / "logs"),
                *extra, *prefixes]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree))
     env.setdefault("KBD_KERNELBENCH", str(ROOT / "third_party/KernelBench/KernelBench"))
     start = time.monotonic()
-    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - start
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if not records:
@@ -93,17 +96,21 @@ def main() -> int:
                             args.baseline], check=True, capture_output=True)  # fmt: skip
             try:
                 results[f"baseline {args.baseline}"] = sweep(
-                    tree, [], args.prefixes, args.jobs, scratch / "baseline"
+                    tree, [], args.prefixes, args.jobs, scratch / "baseline", cwd=tree
                 )
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(tree)], check=False)  # fmt: skip
-        no_cache = ["--no-import-cache", "--no-daemon"]
-        results["this tree"] = sweep(ROOT, no_cache, args.prefixes, args.jobs, scratch / "head")
+        # Each variant of this tree runs in its own empty folder: its import and compile caches
+        # (<cwd>/.kbd) start empty, as in a fresh clone, and one variant never reuses what
+        # another compiled. --no-sandbox runs first: were order to favour either, not the
+        # sandboxed one.
+        variants = [("this tree", ["--no-daemon"], scratch / "head")]
         if args.no_sandbox_variant:
-            results["this tree --no-sandbox"] = sweep(
-                ROOT, [*no_cache, "--no-sandbox"], args.prefixes, args.jobs, scratch / "bare"
-            )
+            bare = ("this tree --no-sandbox", ["--no-daemon", "--no-sandbox"], scratch / "bare")
+            variants.insert(0, bare)
+        for name, extra, folder in variants:
+            results[name] = sweep(ROOT, extra, args.prefixes, args.jobs, folder, cwd=folder)
     names = list(results)
     first = names[0]
     print(f"CPU: {cpu()}, {os.cpu_count()} cores; kbd sweep --smoke-test -j {args.jobs}")
