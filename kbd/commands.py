@@ -266,13 +266,14 @@ def _plan(options: SweepSpec, store: Store | None):
     compiled_dir = Path(options.cwd) / ".kbd" / compile_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
+    chooser = pipelines.Chooser(options, SCHEDULES_DIR)
     single = len(entries) * len(options.modes) == 1  # --print-to then names a file
     for entry, mode in ((e, m) for e in entries for m in options.modes):
         source = root / entry.kernel
         chosen = (
             pipelines.Chosen(override, " + ".join(options.pipeline))
             if override
-            else pipelines.choose(entry, options, SCHEDULES_DIR)
+            else chooser.choose(entry)
         )
         job = Job(
             kernel=entry.kernel,

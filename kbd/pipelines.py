@@ -39,27 +39,56 @@ def target_of(options: SweepSpec) -> tuple[str, list[str]]:
     return options.target or arch, features
 
 
-def choose(entry: Entry, options: SweepSpec, schedules_dir: Path) -> Chosen:
-    """The pipeline of one kernel (see the module docstring); `--pipeline` is handled by the
-    caller, which resolves it once for all kernels."""
-    default = descriptor.DEFAULT_PIPELINE
-    family = entry.schedule_family
-    if family is None:
-        name = default
-    elif not options.family_schedules:
-        why = "--schedules scalar" if options.schedules else "--smoke-test"
-        name = f"{default} (family schedules off: {why})"
-    else:
-        arch, features = target_of(options)
-        found = descriptor.find_pipeline(
-            family, entry.dtype, schedules_dir=schedules_dir, arch=arch, features=features
-        )
+class Chooser:
+    """Chooses the pipelines of one plan's kernels (see the module docstring). The target is read
+    once and each schedule found and resolved once per plan, not per kernel; a new plan (the
+    daemon plans many) reads schedule files again, so edits between sweeps take effect.
+    `--pipeline` is handled by the caller, which resolves it once for all kernels."""
+
+    def __init__(self, options: SweepSpec, schedules_dir: Path):
+        self.options = options
+        self.schedules_dir = schedules_dir
+        self.arch, self.features = target_of(options)
+        self._found: dict[tuple[str, str], Path | None] = {}
+        self._stages: dict[str, list[Stage]] = {}
+
+    def choose(self, entry: Entry) -> Chosen:
+        """The pipeline of one kernel."""
+        default = descriptor.DEFAULT_PIPELINE
+        family = entry.schedule_family
+        if family is None:
+            return Chosen(self._resolve(default), default)
+        if not self.options.family_schedules:
+            why = "--schedules scalar" if self.options.schedules else "--smoke-test"
+            return Chosen(self._resolve(default), f"{default} (family schedules off: {why})")
+        found = self._find(family, entry.dtype)
         if found is not None:
-            stages = descriptor.resolve_pipeline(
-                [str(found)], schedules_dir=schedules_dir, cwd=schedules_dir
+            return Chosen(self._resolve(str(found)), str(found.relative_to(self.schedules_dir)))
+        where = f"{self.arch} ({', '.join(self.features)})" if self.features else self.arch
+        return Chosen(
+            self._resolve(default), f"{default} (no {family} {entry.dtype} schedule for {where})"
+        )
+
+    def _find(self, family: str, dtype: str) -> Path | None:
+        key = (family, dtype)
+        if key not in self._found:
+            self._found[key] = descriptor.find_pipeline(
+                family,
+                dtype,
+                schedules_dir=self.schedules_dir,
+                arch=self.arch,
+                features=self.features,
             )
-            return Chosen(stages, str(found.relative_to(schedules_dir)))
-        where = f"{arch} ({', '.join(features)})" if features else arch
-        name = f"{default} (no {family} {entry.dtype} schedule for {where})"
-    stages = descriptor.resolve_pipeline([default], schedules_dir=schedules_dir, cwd=schedules_dir)
-    return Chosen(stages, name)
+        return self._found[key]
+
+    def _resolve(self, spec: str) -> list[Stage]:
+        if spec not in self._stages:
+            self._stages[spec] = descriptor.resolve_pipeline(
+                [spec], schedules_dir=self.schedules_dir, cwd=self.schedules_dir
+            )
+        return self._stages[spec]
+
+
+def choose(entry: Entry, options: SweepSpec, schedules_dir: Path) -> Chosen:
+    """The pipeline of one kernel on its own (a plan of many uses one Chooser)."""
+    return Chooser(options, schedules_dir).choose(entry)
