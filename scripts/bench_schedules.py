@@ -27,6 +27,10 @@ from kbd.worker import ingress, mlir, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ROOT / "schedules"
+# Pause before each timed call: the previous side's idle threads spin-wait for their next
+# parallel loop (torch's libgomp some 5 ms, kbd's OpenMP runtime 1 ms) and would share the
+# cores with the call being timed.
+SETTLE = 0.02
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,7 @@ def measure(name: str, case: Case, arch: str, features: list[str], options) -> N
         for side, call in calls.items():
             if side == "scalar" and rep >= 3:
                 continue  # the scalar pipeline is slow; three calls give its median
+            time.sleep(SETTLE)
             samples[side].append(timed(call))
     medians = {side: statistics.median(times) for side, times in samples.items()}
     print(f"{name} ({schedule.relative_to(SCHEDULES)}):")

@@ -4,8 +4,12 @@ lacks is compiled to machine code for those features (written as an object file,
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +183,42 @@ def test_a_family_schedule_runs_in_a_sandboxed_worker_with_two_threads(tmp_path)
     assert records["level1/1_matmul"]["outcome"] == "pass", result.stderr
     assert records["level1/2_relu_scale"]["outcome"] == "pass", result.stderr
     assert records["level1/1_matmul"]["pipeline"] == str(schedule)
+
+
+def _threads_cpu_ns() -> dict[str, int]:
+    """On-CPU time (ns, /proc schedstat) of each thread of this process but the main one."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        if tid != str(os.getpid()):
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                found[tid] = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+    return found
+
+
+@pytest.mark.skipif(
+    ARCH != "x86_64" or len(os.sched_getaffinity(0)) < 2 or not runtime.OPENMP_LIBRARY.is_file(),
+    reason="needs 2 cores of an x86_64 CPU and intel-openmp",
+)
+def test_openmp_threads_sleep_right_after_a_parallel_kernel():
+    """After a family schedule's parallel loop, its OpenMP thread stops spinning within
+    OPENMP_BLOCKTIME_MS: the runtime's default spins 200 ms, taking a core from whatever runs
+    next (in a benchmark, eager's threads)."""
+    arch, flags = descriptor.host_target()
+    path = descriptor.find_pipeline(
+        "matmul", "f32", schedules_dir=SCHEDULES, arch=arch, features=target.ranked(flags)
+    )
+    module, args, out_types = lower(path, Matmul, [(256, 256), (256, 256)])
+    compiled = mlir.Compiled(module, 3, openmp=True)
+    buffers = [np.zeros(out_types[0].dims, np.float32), *ingress.buffers_from_args(args)]
+    compiled(buffers)  # starts the OpenMP thread
+    time.sleep(0.05)  # threads torch started (lower() ran eager) stop spinning too
+    openmp = ctypes.CDLL(str(runtime.OPENMP_LIBRARY))
+    assert openmp.kmp_get_blocktime() == runtime.OPENMP_BLOCKTIME_MS
+    compiled(buffers)
+    before = _threads_cpu_ns()
+    time.sleep(0.2)
+    spun = {t: ns - before.get(t, 0) for t, ns in _threads_cpu_ns().items()}
+    assert max(spun.values()) < 20e6, spun  # with the default: ~200 ms (~100 ms on a busy CPU)
 
 
 def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
