@@ -185,6 +185,14 @@ def test_a_family_schedule_runs_in_a_sandboxed_worker_with_two_threads(tmp_path)
     assert records["level1/1_matmul"]["pipeline"] == str(schedule)
 
 
+def test_parallel_loops_get_a_guided_schedule():
+    """kbd-openmp-guided-schedule (in every x86_64 family schedule): a thread done with its
+    chunk of blocks takes the next, rather than each thread having a fixed share."""
+    module, _, _ = lower(SCHEDULES / "x86_64" / "matmul" / "f32.yaml", Matmul, [(512, 512)] * 2)
+    loops = [line.strip() for line in str(module).splitlines() if "omp.wsloop" in line]
+    assert loops and all(line.startswith("omp.wsloop schedule(guided)") for line in loops)
+
+
 def _threads_cpu_ns() -> dict[str, int]:
     """On-CPU time (ns, /proc schedstat) of each thread of this process but the main one."""
     found = {}

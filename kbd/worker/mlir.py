@@ -415,7 +415,35 @@ def _expand_exp(op) -> None:
     op.erase()
 
 
-REWRITES = {"kbd-polynomial-exp": polynomial_exp}
+def openmp_guided_schedule(module: ir.Module) -> int:
+    """Give each `omp.wsloop` a guided schedule (the `kbd-openmp-guided-schedule` stage;
+    `convert-scf-to-openmp` has no option for it); returns how many loops it changed.
+
+    Without a schedule each thread gets a fixed share of the iterations, so a parallel loop
+    lasts as long as its slowest thread: when another process takes one of the cores for a
+    while, the other thread finishes its share and waits. Under a guided schedule a thread that
+    is done takes the next chunk, chunks shrinking from half a thread's share down to one
+    iteration: a handful of takes per thread even for a loop of a million iterations, where a
+    dynamic schedule would take them one by one."""
+    found = []
+
+    def visit(op) -> ir.WalkResult:
+        if op.name == "omp.wsloop" and "schedule_kind" not in op.attributes:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with module.context:
+        module.operation.walk(visit)
+        guided = ir.Attribute.parse("#omp<schedulekind guided>")
+        for op in found:
+            op.attributes["schedule_kind"] = guided
+    return len(found)
+
+
+REWRITES = {
+    "kbd-polynomial-exp": polynomial_exp,
+    "kbd-openmp-guided-schedule": openmp_guided_schedule,
+}
 
 
 def set_target_features(module: ir.Module, features: Sequence[str]) -> None:
