@@ -29,6 +29,11 @@ class Matmul(torch.nn.Module):
         return a @ b
 
 
+class TwoMatmuls(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.relu(a @ b) @ b
+
+
 class Chain(torch.nn.Module):
     def forward(self, x):
         return torch.tanh(torch.relu(2 * x + 1)) * 0.5
@@ -86,7 +91,12 @@ class Mv(torch.nn.Module):
 
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
-    "matmul": [(Matmul, [(64, 64), (64, 64)]), (Matmul, [(32, 48), (48, 17)])],
+    "matmul": [
+        (Matmul, [(64, 64), (64, 64)]),
+        (Matmul, [(32, 48), (48, 17)]),
+        (Matmul, [(300, 40), (40, 260)]),  # several blocks, partial ones at the edges
+        (TwoMatmuls, [(260, 40), (40, 40)]),  # each matmul gets its blocks and fill
+    ],
     "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
     "element_wise": [
         (Chain, [(8, 64)]),
@@ -185,12 +195,23 @@ def test_a_family_schedule_runs_in_a_sandboxed_worker_with_two_threads(tmp_path)
     assert records["level1/1_matmul"]["pipeline"] == str(schedule)
 
 
-def test_parallel_loops_get_a_guided_schedule():
-    """kbd-openmp-guided-schedule (in every x86_64 family schedule): a thread done with its
-    chunk of blocks takes the next, rather than each thread having a fixed share."""
-    module, _, _ = lower(SCHEDULES / "x86_64" / "matmul" / "f32.yaml", Matmul, [(512, 512)] * 2)
-    loops = [line.strip() for line in str(module).splitlines() if "omp.wsloop" in line]
+def test_matmul_blocks_are_guided_parallel_loops_that_fill_their_own_output_tile():
+    """Each M,N block of the matmul schedule initializes its output tile inside the parallel
+    loop (not one thread filling the whole output first), and the loop has a guided schedule
+    (kbd-openmp-guided-schedule): a thread done with its blocks takes the next ones."""
+    torch.manual_seed(0)
+    args = [torch.randn(512, 512), torch.randn(512, 512)]
+    module = mlir.import_model(Matmul(), args)
+    mlir.results_to_out_params(module)
+    path = SCHEDULES / "x86_64" / "matmul" / "f32.yaml"
+    for stage in descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/")):
+        mlir.apply_stage(module, stage)
+        if stage.text == "kbd-openmp-guided-schedule":
+            break
+    text = str(module)
+    loops = [line.strip() for line in text.splitlines() if "omp.wsloop" in line]
     assert loops and all(line.startswith("omp.wsloop schedule(guided)") for line in loops)
+    assert text.count("linalg.fill") == 1 and text.index("omp.wsloop") < text.index("linalg.fill")
 
 
 def _threads_cpu_ns() -> dict[str, int]:

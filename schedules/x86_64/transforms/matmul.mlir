@@ -14,9 +14,19 @@ module attributes {transform.with_named_sequence} {
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
     // Thread / L2 level: M,N blocks as scf.forall (lowered to OpenMP or to a sequential loop).
-    %blocks, %forall = transform.structured.tile_using_forall %matmuls
-        tile_sizes [$block_m, $block_n]
-      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // Each block also initializes its own output tile (torch-mlir: a linalg.fill of zeros),
+    // in parallel, instead of the whole output being filled before by one thread.
+    %blocks = transform.foreach %matmuls : !transform.any_op -> !transform.any_op {
+    ^bb0(%matmul: !transform.any_op):
+      %init = transform.get_producer_of_operand %matmul[2]
+        : (!transform.any_op) -> !transform.any_op
+      %block, %forall = transform.structured.tile_using_forall %matmul
+          tile_sizes [$block_m, $block_n]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.structured.fuse_into_containing_op %init into %forall
+        : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.yield %block : !transform.any_op
+    }
     // L1 level: K blocks.
     %panels, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, $block_k]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
