@@ -117,7 +117,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=range(4),
         help="LLVM optimization level of the JIT (default 3; 0 with --smoke-test, which checks "
-        "correctness and need not pay for optimised code: see README)",
+        "correctness and need not pay for optimised code, except 3 for kernels of at least "
+        f"{spec.SMOKE_HEAVY_GFLOPS:g} GFLOP per forward, whose loops run minutes at 0: see README)",
     )
     comp.add_argument(
         "--no-import-cache",

@@ -288,7 +288,7 @@ def _plan(options: SweepSpec, store: Store | None):
             seed=options.seed,
             tolerance=options.tolerance,
             max_tolerance=options.max_tolerance,
-            opt_level=options.opt_level,
+            opt_level=options.opt_level_for(entry.gflops),
             limits=Limits(
                 mem_limit=mem_limit,
                 hidden=containment.store_files(store.path) if store is not None else (),

@@ -26,6 +26,10 @@ DEFAULT_MEM_LIMIT = "4GiB"
 # the same outcomes and tolerances (scripts/bench-smoke-jit; README "Sweeps").
 SMOKE_OPT_LEVEL = 0
 DEFAULT_OPT_LEVEL = 3
+# ...except kernels this heavy (GFLOP per forward, from the levels entry), which no smoke shape
+# brings under the catalog's budget: their scalar loops run for minutes at -O0 (VGG16 and VGG19
+# at 31 and 39 GFLOP), far longer than -O3 takes to JIT them.
+SMOKE_HEAVY_GFLOPS = 20.0
 LOCAL = "local"  # `--cluster local`: run on this machine (e.g. to resume a cluster sweep here)
 _TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
@@ -65,7 +69,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = 0
     tolerance: float = 0.01  # rtol = atol required to pass
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
-    opt_level: int = 3  # LLVM optimisation level of the JIT
+    opt_level: int | None = None  # the JIT's LLVM -O as given; None: per kernel (opt_level_for)
     import_cache: bool = True  # reuse imported MLIR from <cwd>/.kbd/import-cache
     compile_cache: bool = True  # reuse compiled libraries from <cwd>/.kbd/compile-cache
     # import: torch.export of the whole forward; compile: torch.compile with kbd's Dynamo
@@ -101,6 +105,18 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     def family_schedules(self) -> bool:
         """Do kernels run their family schedules (kbd.pipelines)?"""
         return self.schedules == "family" if self.schedules else not self.smoke_test
+
+    def opt_level_for(self, gflops: float | None) -> int:
+        """The JIT's -O for a kernel of `gflops` GFLOP per forward: -O as given; else -O0 on
+        the --smoke-test scalar path, except -O3 for kernels of at least SMOKE_HEAVY_GFLOPS;
+        else -O3 (family schedules are written for optimised code: at -O0, 46 of 53 smoke
+        kernels crashed with SIGSEGV)."""
+        if self.opt_level is not None:
+            return self.opt_level
+        if self.smoke_test and not self.family_schedules:
+            heavy = gflops is not None and gflops >= SMOKE_HEAVY_GFLOPS
+            return DEFAULT_OPT_LEVEL if heavy else SMOKE_OPT_LEVEL
+        return DEFAULT_OPT_LEVEL
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
@@ -163,7 +179,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         seed=args.seed,
         tolerance=args.tolerance,
         max_tolerance=args.max_tolerance,
-        opt_level=_opt_level(args),
+        opt_level=args.opt_level,
         import_cache=not args.no_import_cache,
         compile_cache=not args.no_compile_cache,
         mode=args.mode,
@@ -231,15 +247,6 @@ def decode(text: str, where: str) -> SweepSpec:
         raise InputError(f"{where}: stored options are not valid ({exc})") from None
     except msgspec.DecodeError:
         raise InputError(f"{where}: stored options are not JSON") from None
-
-
-def _opt_level(args: Namespace) -> int:
-    """-O as given, else 0 for --smoke-test (scalar pipeline) and 3 otherwise: family schedules
-    are written for optimised code (at -O0, 46 of 53 smoke kernels crashed with SIGSEGV)."""
-    if args.opt_level is not None:
-        return args.opt_level
-    scalar = getattr(args, "schedules", None) != "family"
-    return SMOKE_OPT_LEVEL if getattr(args, "smoke_test", False) and scalar else DEFAULT_OPT_LEVEL
 
 
 def _optional_size(text: str, option: str) -> int | None:

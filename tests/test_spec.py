@@ -37,13 +37,16 @@ def test_defaults_and_no_memory_cap(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("argv", "opt_level"),
-    [(["run"], 3), (["sweep"], 3), (["sweep", "--smoke-test"], 0),
-     (["sweep", "--smoke-test", "-O", "2"], 2), (["run", "-O", "1"], 1),
-     (["sweep", "--smoke-test", "--schedules", "family"], 3)],
+    ("argv", "light", "heavy"),
+    [(["run"], 3, 3), (["sweep"], 3, 3), (["sweep", "--smoke-test"], 0, 3),
+     (["sweep", "--smoke-test", "-O", "2"], 2, 2), (["run", "-O", "1"], 1, 1),
+     (["sweep", "--smoke-test", "-O", "0"], 0, 0),
+     (["sweep", "--smoke-test", "--schedules", "family"], 3, 3)],
 )  # fmt: skip
-def test_smoke_tests_jit_at_O0_unless_told(tmp_path, argv, opt_level):
-    assert _from(argv, tmp_path).opt_level == opt_level
+def test_smoke_tests_jit_at_O0_except_heavy_kernels_unless_told(tmp_path, argv, light, heavy):
+    options = _from(argv, tmp_path)
+    assert options.opt_level_for(None) == options.opt_level_for(0.2) == light
+    assert options.opt_level_for(spec.SMOKE_HEAVY_GFLOPS) == options.opt_level_for(40.0) == heavy
 
 
 @pytest.mark.parametrize(
