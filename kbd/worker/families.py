@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -45,7 +46,7 @@ _OP_FAMILY = {op: family for family, ops in FAMILIES.items() for op in ops}
 
 def op_names(model: torch.nn.Module, args: Sequence) -> list[str]:
     """ATen op names (e.g. `linear`, overloads stripped) of the model's exported graph."""
-    return [name for name, _ in _ops(torch.export.export(model, tuple(args)))]
+    return [op.name for op in _ops(torch.export.export(model, tuple(args)))]
 
 
 def classify(names: Iterable[str], flops: dict[str, int] | None = None) -> str | None:
@@ -66,18 +67,29 @@ def family_of(model: torch.nn.Module, args: Sequence) -> str | None:
     """The schedule family of a model called with these arguments (real or meta tensors)."""
     ops = _ops(torch.export.export(model, tuple(args)))
     flops: dict[str, int] = {}
-    for name, node in ops:
-        family = _heavy_family(name, node)
+    for op in ops:
+        family = _heavy_family(op)
         if family is not None:
-            flops[family] = flops.get(family, 0) + _flops(name, node)
-    return classify([name for name, _ in ops], flops)
+            flops[family] = flops.get(family, 0) + _flops(op)
+    return classify([op.name for op in ops], flops)
 
 
-def _ops(exported) -> list[tuple[str, torch.fx.Node]]:
+class _Op(NamedTuple):
+    """One ATen op of the graph, with the shapes recorded on its node."""
+
+    name: str  # overload stripped, e.g. `addmm`
+    node: torch.fx.Node
+    operands: list[tuple[int, ...]]  # shapes of its tensor arguments, in order
+    out: tuple[int, ...] | None  # shape of its result, when a tensor
+
+
+def _ops(exported) -> list[_Op]:
     found = []
     for node in exported.graph.nodes:
         if node.op == "call_function" and hasattr(node.target, "_schema"):
-            found.append((node.target._schema.name.split("::", 1)[-1], node))
+            name = node.target._schema.name.split("::", 1)[-1]
+            operands = [s for s in map(_shape, node.args) if s is not None]
+            found.append(_Op(name, node, operands, _shape(node)))
     return found
 
 
@@ -86,17 +98,16 @@ def _shape(value) -> tuple[int, ...] | None:
     return tuple(meta.shape) if isinstance(meta, torch.Tensor) else None
 
 
-def _heavy_family(name: str, node: torch.fx.Node) -> str | None:
-    """The family of a heavy op node, refined by its operands' shapes."""
-    family = _OP_FAMILY.get(name.rstrip("_"))
+def _heavy_family(op: _Op) -> str | None:
+    """The family of a heavy op, refined by its operands' shapes."""
+    family = _OP_FAMILY.get(op.name.rstrip("_"))
     if family not in HEAVY:
         return None
-    tensors = [s for s in map(_shape, node.args) if s is not None]
-    out = _shape(node)
+    tensors, out = op.operands, op.out
     if family == "conv2d" and len(tensors) >= 2 and len(tensors[1]) == 5:
         return "conv3d"  # a generic `convolution` with a 3-D kernel
-    if name in ("matmul", "mm", "addmm", "linear") and len(tensors) >= 2:
-        a, b = (tensors[1], tensors[2]) if name == "addmm" and len(tensors) >= 3 else tensors[:2]
+    if op.name in ("matmul", "mm", "addmm", "linear") and len(tensors) >= 2:
+        a, b = (tensors[1], tensors[2]) if op.name == "addmm" and len(tensors) >= 3 else tensors[:2]
         if len(a) >= 3 and len(b) >= 3:
             return "batch_matmul"
         if len(a) == 1 or len(b) == 1 or (out is not None and len(out) == 2 and out[-1] == 1):
@@ -104,17 +115,17 @@ def _heavy_family(name: str, node: torch.fx.Node) -> str | None:
     return family
 
 
-def _flops(name: str, node: torch.fx.Node) -> int:
-    """Twice the multiply-adds of a heavy op node, from its shapes (0 when unknown)."""
-    tensors = [s for s in map(_shape, node.args) if s is not None]
-    out = _shape(node)
+def _flops(op: _Op) -> int:
+    """Twice the multiply-adds of a heavy op, from its shapes (0 when unknown)."""
+    name, tensors, out = op.name, op.operands, op.out
     if out is None or not tensors:
         return 0
     if "conv" in name:
         if len(tensors) < 2:
             return 0
         data, weight = tensors[0], tensors[1]
-        if "transpose" in name or (name == "convolution" and len(node.args) > 6 and node.args[6]):
+        transposed = name == "convolution" and len(op.node.args) > 6 and op.node.args[6]
+        if "transpose" in name or transposed:
             return 2 * math.prod(data) * math.prod(weight[1:])  # every input scatters a kernel
         return 2 * math.prod(out) * math.prod(weight[1:])
     operand = (

@@ -341,12 +341,12 @@ def measure(module: types.ModuleType, model_module=None, explicit=None) -> Measu
             try:
 
                 def rebuild(build_dev=build_dev, run_dev=run_dev):
-                    model, init_args = build(build_dev)
-                    return model.to(run_dev), inputs(run_dev), init_args
+                    """The model and its inputs built again, on the devices that worked."""
+                    return build(build_dev)[0].to(run_dev), inputs(run_dev)
 
-                model, args, init_args = rebuild()
-                found = _forward(model, args, init_args)
-                found.rebuild = lambda rebuild=rebuild: rebuild()[:2]
+                model, init_args = build(build_dev)
+                found = _forward(model.to(run_dev), inputs(run_dev), init_args)
+                found.rebuild = rebuild
                 return found
             except GenError:
                 raise
