@@ -26,18 +26,29 @@ def _paths(tmp_path: Path) -> StatePaths:
     return StatePaths.for_store(tmp_path / ".kbd" / "results.db")
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    """A daemon started as users start it; stopped (by pid, if need be) afterwards."""
-    started = kbd("daemon", "start", "--idle-timeout", "120", cwd=tmp_path, timeout=60)
+def _started_daemon(cwd: Path):
+    """A daemon started in `cwd` as users start it; stopped (by pid, if need be) afterwards."""
+    started = kbd("daemon", "start", "--idle-timeout", "120", cwd=cwd, timeout=60)
     assert started.returncode == 0, started.stderr
-    paths = _paths(tmp_path)
+    paths = _paths(cwd)
     yield paths
-    kbd("daemon", "stop", "--now", cwd=tmp_path, timeout=60)
+    kbd("daemon", "stop", "--now", cwd=cwd, timeout=60)
     info = paths.read_info()
     if info:  # stop failed: do not leave it behind
         with pytest.raises(ProcessLookupError):
             os.kill(info["pid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    """A daemon of this test's own, in tmp_path, for tests that stop or kill it."""
+    yield from _started_daemon(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_daemon(tmp_path_factory):
+    """One daemon for the tests that only talk to it (each must leave it running and sound)."""
+    yield from _started_daemon(tmp_path_factory.mktemp("shared-daemon"))
 
 
 def _alive(pid: int) -> bool:
@@ -128,15 +139,16 @@ def _connect(paths: StatePaths) -> socket.socket:
         struct.pack(">I", 1) + b"\x01",  # msgpack, not a Hello
     ],
 )
-def test_bad_frame_closes_only_that_connection(daemon, tmp_path, frame):
-    bystander = client.connect(daemon)
-    bad = _connect(daemon)
+def test_bad_frame_closes_only_that_connection(shared_daemon, frame):
+    bystander = client.connect(shared_daemon)
+    bad = _connect(shared_daemon)
     bad.sendall(frame)
     with contextlib.suppress(ConnectionResetError):  # closed with our bytes unread
         assert bad.recv(100) == b""  # closed, no answer
 
     assert isinstance(bystander.request(StatusRequest()), DaemonStatus)
-    assert kbd("daemon", "status", cwd=tmp_path).returncode == 0
+    cwd = shared_daemon.store.parent.parent  # the folder whose .kbd/results.db it serves
+    assert kbd("daemon", "status", cwd=cwd).returncode == 0
 
 
 _OTHER_UID = """
@@ -166,7 +178,8 @@ except (ConnectionResetError, BrokenPipeError):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
-def test_another_uid_is_refused(daemon):
+def test_another_uid_is_refused(shared_daemon):
+    daemon = shared_daemon
     peer = subprocess.run(
         [sys.executable, "-c", _OTHER_UID, str(daemon.socket), "peer"],
         capture_output=True,
