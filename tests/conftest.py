@@ -39,3 +39,46 @@ def fixture_args(*extra: str) -> list[str]:
 needs_kernelbench = pytest.mark.skipif(
     not (REAL_KB / "level1").is_dir(), reason="KernelBench is not checked out"
 )
+
+
+# In parallel (`scripts/test` runs two pytest-xdist workers) each test module runs whole on one
+# worker, in its own order, so that a module-scoped fixture (one sweep, one daemon, one Ray
+# cluster) is set up once. Modules named together in SAME_WORKER share a worker because they must
+# not overlap: the fault zoo's orphan check looks machine-wide for the orphan fixture's children,
+# and the cluster sweep runs that fixture too. (xdist's own `--dist loadgroup` cannot be used: it
+# marks groups by rewriting item._nodeid, which pytest 9 no longer reads.)
+SAME_WORKER = {"test_cluster.py": "fault zoo", "test_faults.py": "fault zoo"}
+# The longest modules start first, so that both workers finish at about the same time. Only the
+# order depends on this list.
+LONGEST_FIRST = (
+    "test_cluster.py",
+    "test_faults.py",
+    "test_sweep.py",
+    "test_daemon_sweeps.py",
+    "test_compile_mode.py",
+    "test_daemon.py",
+)
+
+
+def _module_name(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            name = _module_name(nodeid)
+            return SAME_WORKER.get(name, name)
+
+    config.option.loadscopereorder = False  # keep the order set below
+    return ByModule(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker: keep pytest's order
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_module_name(item.nodeid), len(rank)))  # stable
