@@ -52,7 +52,9 @@ def _final(cwd) -> dict[str, dict]:
 
 def test_fixture_zoo_on_two_nodes_matches_a_local_sweep(cluster, tmp_path):
     junit = tmp_path / "out.xml"
-    args = fixture_args("--timeout", "10", "--mem-limit", "2GiB", "--junit", str(junit))
+    # 20 s: each node has one core, and on a busy machine (the suite runs on two workers) a quick
+    # kernel took more than 10 s; the hang fixture holds one node that long meanwhile.
+    args = fixture_args("--timeout", "20", "--mem-limit", "2GiB", "--junit", str(junit))
     result = kbd("sweep", *args, "--cluster", cluster.address, cwd=tmp_path, timeout=600)
     assert result.returncode == 1, result.stderr  # the faulty fixtures fail
     assert "kbd: cluster: 2 nodes" in result.stderr
