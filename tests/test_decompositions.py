@@ -36,3 +36,38 @@ def test_cumprod_matches_eager(dim):
 def test_zero_dimensional():
     x = torch.tensor(3.0)
     assert decompositions.cumsum(x, 0).item() == 3.0
+
+
+class Mean(torch.nn.Module):
+    def forward(self, x):
+        return torch.mean(x)
+
+
+def exported_ops(module, *args) -> list[str]:
+    table = decompositions.TABLE
+    program = torch.export.export(module, args, strict=False).run_decompositions(table)
+    return [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+
+
+def test_long_sums_are_summed_in_blocks_one_dimension_at_a_time():
+    x = torch.rand(4, 3 * decompositions.BLOCK, dtype=torch.float64)
+    for result, expected in [
+        (decompositions.sum_all(x), torch.sum(x)),
+        (decompositions.mean_all(x), torch.mean(x)),
+        (decompositions.sum_(x, [1], True), torch.sum(x, 1, keepdim=True)),
+        (decompositions.mean(x, [-1]), torch.mean(x, -1)),
+    ]:
+        assert result.shape == expected.shape
+        torch.testing.assert_close(result, expected)
+    # 4 x 3*BLOCK: the rows in blocks of BLOCK, then the blocks, then the rows
+    assert exported_ops(Mean(), x).count("aten.sum.dim_IntList") == 3
+
+
+def test_short_and_integer_sums_stay_one_reduction():
+    assert decompositions.sum_all(torch.rand(64, 64)) is NotImplemented
+    assert decompositions.sum_all(torch.ones(4, decompositions.BLOCK, dtype=torch.int64)) is (
+        NotImplemented
+    )
+    prime = 65537  # longer than BLOCK, no block divides it
+    assert decompositions.sum_(torch.rand(2, prime), [1]) is NotImplemented
+    assert exported_ops(Mean(), torch.rand(64, 64)) == ["aten.mean.default"]

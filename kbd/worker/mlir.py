@@ -440,9 +440,148 @@ def openmp_guided_schedule(module: ir.Module) -> int:
     return len(found)
 
 
+# Ops whose memref results are views of their memref operand: the same buffer.
+_VIEWS = frozenset({
+    "memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.expand_shape",
+    "memref.collapse_shape", "memref.view", "memref.transpose", "memref.memory_space_cast",
+    "memref.assume_alignment", "memref.extract_strided_metadata", "vector.type_cast",
+})  # fmt: skip
+# Ops through which a buffer may be freed, or reached later by address.
+_ESCAPES = frozenset({
+    "memref.dealloc", "bufferization.dealloc", "memref.extract_aligned_pointer_as_index",
+    "func.call", "func.call_indirect",
+})  # fmt: skip
+
+
+_MEMREF_TYPES = (ir.MemRefType, ir.UnrankedMemRefType)
+
+
+def _buffer_users(buffer: ir.Value, ignore: ir.Operation | None = None) -> list | None:
+    """The ops that use `buffer` or a view of it (views excluded), or None when an alias may
+    escape: yielded or returned (a terminator), passed to a call or a free, turned into an
+    address, or a result of an op that is not a known view."""
+    users, pending = [], [buffer]
+    while pending:
+        for use in pending.pop().uses:
+            op = use.owner.operation
+            if ignore is not None and op == ignore:
+                continue
+            if op.name in _VIEWS:
+                pending.extend(r for r in op.results if isinstance(r.type, ir.MemRefType))
+                continue
+            if (
+                op.name in _ESCAPES
+                or op.has_trait(ir.IsTerminatorTrait)
+                or any(isinstance(r.type, _MEMREF_TYPES) for r in op.results)
+            ):
+                return None
+            users.append(op)
+    return users
+
+
+def _ancestor_in(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
+    """`op`, or the op holding it in its regions, that sits directly in `block`."""
+    while op is not None and op.block != block:
+        op = op.parent
+    return op
+
+
+def deallocs_after_last_use(module: ir.Module) -> int:
+    """Move each `memref.dealloc` of a buffer allocated in the same block up to just after the
+    last op of that block that uses the buffer or a view of it (the `kbd-dealloc-after-last-use`
+    stage); returns how many moved.
+
+    MLIR's ownership-based deallocation frees a buffer at the end of its block, so a function
+    holds every intermediate buffer until it returns: level1/89_cumsum at 4096x32768 (15 steps
+    of shifted adds) held 16 buffers of 512 MiB where two are live at a time. A buffer with an
+    alias that may escape (see `_buffer_users`) keeps its dealloc where it is."""
+    deallocs = []
+
+    def visit(op) -> ir.WalkResult:
+        if op.name == "memref.dealloc":
+            deallocs.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    moved = 0
+    for dealloc in deallocs:
+        buffer = dealloc.operands[0]
+        alloc = buffer.owner
+        if not isinstance(alloc, ir.Operation | ir.OpView):
+            continue  # a block argument
+        alloc = alloc.operation
+        block = dealloc.block
+        if alloc.name != "memref.alloc" or alloc.block != block:
+            continue
+        users = _buffer_users(buffer, ignore=dealloc)
+        if users is None:
+            continue
+        last = alloc
+        for user in users:
+            ancestor = _ancestor_in(user, block)
+            if ancestor is None:
+                break
+            if last.is_before_in_block(ancestor):
+                last = ancestor
+        else:
+            if last.is_before_in_block(dealloc):
+                dealloc.move_after(last)
+                moved += 1
+    return moved
+
+
+# Loops, ops that run a region at most once, and the ops that bound an alloca's lifetime (the
+# function; in an `omp.parallel` region, each thread's own stack).
+_LOOPS = frozenset({
+    "scf.for", "scf.while", "scf.parallel", "affine.for", "affine.parallel", "omp.loop_nest",
+    "omp.wsloop", "omp.simd",
+})  # fmt: skip
+_ONCE = frozenset({"scf.if", "scf.execute_region", "scf.index_switch", "affine.if"})
+_STACK_SCOPES = frozenset({"func.func", "omp.parallel"})
+
+
+def hoist_allocas(module: ir.Module) -> int:
+    """Move each fixed-size `memref.alloca` inside a loop to the start of its function, or of
+    the `omp.parallel` region that runs it (the `kbd-hoist-allocas` stage); returns how many
+    moved.
+
+    convert-vector-to-scf unrolls an N-d vector transfer through a stack buffer, allocated at
+    the start of the innermost scf.for body when that loop sits in an OpenMP loop, and the LLVM
+    lowering frees an alloca only when its function returns: in the matvec schedule the stack
+    grew by 576 bytes per step of the reduction loop, and level1/4's rows of 262144 (16384
+    steps) overflowed it. The buffer is scratch within one iteration; one per function (or
+    thread) does. An alloca with an alias that may escape (see `_buffer_users`) stays."""
+    allocas = []
+
+    def visit(op) -> ir.WalkResult:
+        if op.name == "memref.alloca" and not list(op.operands):
+            allocas.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    moved = 0
+    for alloca in allocas:
+        scope, in_loop = alloca.parent, False
+        while scope is not None and scope.name not in _STACK_SCOPES:
+            if scope.name in _LOOPS:
+                in_loop = True
+            elif scope.name not in _ONCE:
+                scope = None
+                break
+            scope = scope.parent
+        if scope is None or not in_loop or _buffer_users(alloca.results[0]) is None:
+            continue
+        entry = scope.regions[0].blocks[0]
+        alloca.move_before(entry.operations[0])
+        moved += 1
+    return moved
+
+
 REWRITES = {
     "kbd-polynomial-exp": polynomial_exp,
     "kbd-openmp-guided-schedule": openmp_guided_schedule,
+    "kbd-dealloc-after-last-use": deallocs_after_last_use,
+    "kbd-hoist-allocas": hoist_allocas,
 }
 
 
