@@ -344,6 +344,7 @@ LLVM_LOWERING = [
     "expand-strided-metadata",
     "canonicalize",
     "convert-vector-to-scf",
+    "kbd-hoist-allocas",
     "lower-affine",
     "convert-scf-to-cf",
     "finalize-memref-to-llvm",
@@ -362,6 +363,7 @@ BUFFERIZATION = [
 BUFFERIZATION_CLEANUP = [
     "buffer-deallocation-pipeline",
     "convert-bufferization-to-memref",
+    "kbd-dealloc-after-last-use",
     "cse",
     "canonicalize",
 ]
