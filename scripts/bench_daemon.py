@@ -11,9 +11,12 @@
    with only the compile cache emptied (a re-sweep with another pipeline) and with both warm.
    The trivial kernels are eight level-1 activations at 16x1024 (a scratch levels file), not at
    their smoke shapes (16x393216), where the scalar loops themselves take much longer.
-3. `-j 2` against `-j 1` on eight compute-bound kernels (level-1 matmuls at smoke shapes), with a
-   warm daemon and warm caches, and with the compile cache bypassed (`--no-compile-cache`: each
-   kernel pays its pipeline and JIT too).
+3. `-j 2` against `-j 1` on eight level-1 matmuls with a warm daemon: at smoke shapes through
+   their family schedules (about 0.1 s each, mostly the worker's fixed work: fork, inputs,
+   eager reference, check), with warm caches and with the compile cache bypassed
+   (`--no-compile-cache`: each kernel pays its pipeline and JIT too); and compute-bound, at bench
+   shapes through the scalar pipeline (`--shapes bench --schedules scalar`, about 1-2 s of loops
+   each), with warm caches.
 
 Every command runs with the default options (-O3 JIT). Needs KernelBench (KBD_KERNELBENCH or
 the submodule). Prints the CPU, the load average before and after (figures taken on a shared
@@ -145,14 +148,19 @@ def main() -> None:
                     f"marginal {marginal:.3f}s per kernel",
                     flush=True,
                 )
-            compute = ("sweep", "--levels", LEVELS, "--db", str(cwd / ".kbd" / "results.db"))
-            bypass = ("--no-compile-cache",)
-            for label, extra in (("warm caches", ()), ("--no-compile-cache", bypass)):
-                kbd(cwd, *compute, *COMPUTE, *extra, "-j", "1")  # warm both templates and caches
-                j1 = median(cwd, args.samples, *compute, *COMPUTE, *extra, "-j", "1")
-                j2 = median(cwd, args.samples, *compute, *COMPUTE, *extra, "-j", "2")
+            compute = ("sweep", *COMPUTE, "--db", str(cwd / ".kbd" / "results.db"))
+            for label, extra in (
+                ("smoke shapes, family schedules, warm caches", ("--levels", LEVELS)),
+                ("smoke shapes, family schedules, --no-compile-cache",
+                 ("--levels", LEVELS, "--no-compile-cache")),
+                ("compute-bound: bench shapes, scalar pipeline, warm caches",
+                 ("--shapes", "bench", "--schedules", "scalar")),
+            ):  # fmt: skip
+                kbd(cwd, *compute, *extra, "-j", "1")  # warm both templates and caches
+                j1 = median(cwd, args.samples, *compute, *extra, "-j", "1")
+                j2 = median(cwd, args.samples, *compute, *extra, "-j", "2")
                 print(
-                    f"3. {len(COMPUTE)} compute-bound kernels, {label}: -j 1 {j1:.2f}s, "
+                    f"3. {len(COMPUTE)} level-1 matmuls, {label}: -j 1 {j1:.2f}s, "
                     f"-j 2 {j2:.2f}s ({j1 / j2:.2f}x)",
                     flush=True,
                 )
