@@ -362,19 +362,30 @@ _EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.16657958
                    1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
 
 
-def polynomial_exp(module: ir.Module) -> int:
-    """Replace each `math.exp` of an f32 vector by a polynomial in vector arithmetic (the
-    `kbd-polynomial-exp` stage); returns how many were replaced."""
+def _ops_named(module: ir.Module, name: str) -> list:
+    """Every op called `name` in the module, in walk order (collected first: the rewrites then
+    change or move them, which a walk in progress must not see)."""
     found = []
 
     def visit(op) -> ir.WalkResult:
-        operand = op.operands[0].type if op.name == "math.exp" else None
-        if isinstance(operand, ir.VectorType) and isinstance(operand.element_type, ir.F32Type):
+        if op.name == name:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
+    module.operation.walk(visit)
+    return found
+
+
+def polynomial_exp(module: ir.Module) -> int:
+    """Replace each `math.exp` of an f32 vector by a polynomial in vector arithmetic (the
+    `kbd-polynomial-exp` stage); returns how many were replaced."""
     with module.context, ir.Location.unknown():
-        module.operation.walk(visit)
+        found = [
+            op
+            for op in _ops_named(module, "math.exp")
+            if isinstance(op.operands[0].type, ir.VectorType)
+            and isinstance(op.operands[0].type.element_type, ir.F32Type)
+        ]
         for op in found:
             _expand_exp(op)
     return len(found)
@@ -425,15 +436,10 @@ def openmp_guided_schedule(module: ir.Module) -> int:
     is done takes the next chunk, chunks shrinking from half a thread's share down to one
     iteration: a handful of takes per thread even for a loop of a million iterations, where a
     dynamic schedule would take them one by one."""
-    found = []
-
-    def visit(op) -> ir.WalkResult:
-        if op.name == "omp.wsloop" and "schedule_kind" not in op.attributes:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
     with module.context:
-        module.operation.walk(visit)
+        found = [
+            op for op in _ops_named(module, "omp.wsloop") if "schedule_kind" not in op.attributes
+        ]
         guided = ir.Attribute.parse("#omp<schedulekind guided>")
         for op in found:
             op.attributes["schedule_kind"] = guided
@@ -495,16 +501,8 @@ def deallocs_after_last_use(module: ir.Module) -> int:
     holds every intermediate buffer until it returns: level1/89_cumsum at 4096x32768 (15 steps
     of shifted adds) held 16 buffers of 512 MiB where two are live at a time. A buffer with an
     alias that may escape (see `_buffer_users`) keeps its dealloc where it is."""
-    deallocs = []
-
-    def visit(op) -> ir.WalkResult:
-        if op.name == "memref.dealloc":
-            deallocs.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
     moved = 0
-    for dealloc in deallocs:
+    for dealloc in (op.operation for op in _ops_named(module, "memref.dealloc")):
         buffer = dealloc.operands[0]
         alloc = buffer.owner
         if not isinstance(alloc, ir.Operation | ir.OpView):
@@ -551,14 +549,7 @@ def hoist_allocas(module: ir.Module) -> int:
     grew by 576 bytes per step of the reduction loop, and level1/4's rows of 262144 (16384
     steps) overflowed it. The buffer is scratch within one iteration; one per function (or
     thread) does. An alloca with an alias that may escape (see `_buffer_users`) stays."""
-    allocas = []
-
-    def visit(op) -> ir.WalkResult:
-        if op.name == "memref.alloca" and not list(op.operands):
-            allocas.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    allocas = [op.operation for op in _ops_named(module, "memref.alloca") if not list(op.operands)]
     moved = 0
     for alloca in allocas:
         scope, in_loop = alloca.parent, False
