@@ -200,6 +200,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="stop sampling a kernel after this long, reporting the samples taken (default 20)",
     )
     bench.add_argument(
+        "--bench-concurrently",
+        action="store_true",
+        help="time kernels while other workers run (shorter sweeps with -j above 1, noisier "
+        "figures); by default each kernel is timed alone, every other worker paused meanwhile",
+    )
+    bench.add_argument(
         "--shapes",
         choices=("smoke", "bench"),
         default="smoke",

@@ -130,6 +130,9 @@ class BenchOptions(msgspec.Struct, frozen=True):
     min_time_s: float = 1.0  # minimum measured time per side
     min_samples: int = 10  # minimum samples per side
     budget_s: float = 20.0  # stop sampling after this long, whatever was reached
+    # Time alone: the worker waits at its bench phase until the supervisor has paused its other
+    # workers (kbd/bench/quiet.py); False times while they run (--bench-concurrently).
+    exclusive: bool = True
 
 
 class Inspect(msgspec.Struct, frozen=True):
@@ -330,6 +333,14 @@ class Library(msgspec.Struct, frozen=True, tag="library"):
 
 
 WorkerMessage = Phase | Result | Imported | Library | Generated
+
+
+# --- supervisor -> worker, after its task ---------------------------------------------------
+
+
+class QuietGranted(msgspec.Struct, frozen=True, tag="quiet"):
+    """Supervisor to worker, after the task: the other workers are paused, time now (the answer
+    to a `Phase("bench")` of a job with `BenchOptions.exclusive`; kbd/bench/quiet.py)."""
 
 
 # --- supervisor <-> template ----------------------------------------------------------------

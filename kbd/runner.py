@@ -20,11 +20,22 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kbd import bundles, compile_cache, containment, dumps, import_cache, proctree, protocol
+from kbd.bench import quiet as quiet_bench
 from kbd.bench import stats
 from kbd.catalog import Entry
 from kbd.limits import WORKER_BASE_BYTES, format_size
 from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect, label
-from kbd.protocol import Generated, Imported, Job, Library, Phase, Result, Task, WorkerMessage
+from kbd.protocol import (
+    Generated,
+    Imported,
+    Job,
+    Library,
+    Phase,
+    QuietGranted,
+    Result,
+    Task,
+    WorkerMessage,
+)
 from kbd.spawner import Spawner, Worker
 
 LOG_CAP_BYTES = 32 << 20
@@ -194,7 +205,12 @@ async def _supervise(
 ) -> None:
     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         await worker.channel.send(protocol.encode(task))  # a worker dead already is classified
-    with anyio.move_on_after(timeout) as deadline:
+    alone = isinstance(task, Job) and task.bench is not None and task.bench.exclusive
+    quiet = quiet_bench.current()
+    with (
+        anyio.move_on_after(timeout) as deadline,
+        quiet.running(worker.pid, deadline) as pausable,
+    ):
         async with anyio.create_task_group() as group:
             group.start_soon(
                 _watch_memory,
@@ -205,7 +221,18 @@ async def _supervise(
                 name,
                 group.cancel_scope,
             )
-            await _receive(worker, state, name, on_phase)
+
+            async def time_alone() -> None:
+                if await quiet.acquire(pausable):
+                    with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                        await worker.channel.send(protocol.encode(QuietGranted()))
+
+            def on_bench() -> None:
+                if alone:
+                    group.start_soon(time_alone)
+
+            await _receive(worker, state, name, on_phase, on_bench)
+            quiet.release(pausable)  # the timing is over once the result is in
             if state.protocol_error is None:
                 exited = await spawner.wait(worker.pid)
                 state.exit_code = exited.returncode
@@ -214,7 +241,7 @@ async def _supervise(
     state.timed_out = deadline.cancelled_caught
 
 
-async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase) -> None:
+async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase, on_bench) -> None:
     stream = BufferedByteReceiveStream(worker.channel)
     try:
         while state.result is None:
@@ -222,6 +249,8 @@ async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase) -> N
             if isinstance(message, Phase):
                 state.phase = message.name
                 on_phase(kernel, message.name)
+                if message.name == "bench":
+                    on_bench()
             elif isinstance(message, Imported):
                 state.imported = message  # run_kernel checks it is the job's key
             elif isinstance(message, Library):

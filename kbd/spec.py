@@ -215,7 +215,10 @@ def _bench_options(args: Namespace) -> BenchOptions | None:
     if not args.benchmark:
         return None
     return BenchOptions(
-        min_time_s=args.bench_time, min_samples=args.bench_samples, budget_s=args.bench_budget
+        min_time_s=args.bench_time,
+        min_samples=args.bench_samples,
+        budget_s=args.bench_budget,
+        exclusive=not args.bench_concurrently,
     )
 
 

@@ -1,8 +1,10 @@
 """A worker's life after the template forked it: take the job, sandbox, run, report.
 
 stdout and stderr already point at the output pipe the supervisor drains into the kernel's log.
-The worker exits when the supervisor closes its socket (or dies): a watchdog thread waits for
-end-of-file and kills the worker's whole process group.
+The worker exits when the supervisor closes its socket (or dies): a listener thread reads the
+supervisor's frames until end-of-file, then kills the worker's whole process group. The only frame
+after the task is `QuietGranted`: a job benchmarked alone waits for it at its bench phase
+(kbd/bench/quiet.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import threading
 import torch
 
 from kbd import containment, protocol
-from kbd.protocol import Generate, Phase, Replay, Result, Task
+from kbd.protocol import Generate, Job, Phase, QuietGranted, Replay, Result, Task
 from kbd.worker import generate, sandbox
 from kbd.worker import job as job_runner
 from kbd.worker.contain import contain
@@ -31,11 +33,15 @@ def main(sock: socket.socket, parent: int) -> int:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     job: Task = protocol.receive_blocking(sock, Task)
     enforced = _apply_limits(job)
-    threading.Thread(target=_exit_on_eof, args=(sock,), daemon=True).start()
+    quiet = threading.Event()
+    threading.Thread(target=_listen, args=(sock, quiet), daemon=True).start()
+    alone = isinstance(job, Job) and job.bench is not None and job.bench.exclusive
 
     def announce(phase: str) -> None:
         print(f"[kbd] phase {phase}", file=sys.stderr, flush=True)
         protocol.send_blocking(sock, Phase(phase))
+        if phase == "bench" and alone:
+            quiet.wait()  # the supervisor pauses the other workers, then says so
 
     missing = containment.missing(enforced)
     if isinstance(job, Generate):
@@ -77,10 +83,13 @@ def _apply_limits(job: Task) -> dict[str, str]:
     }
 
 
-def _exit_on_eof(sock: socket.socket) -> None:
+def _listen(sock: socket.socket, quiet: threading.Event) -> None:
+    """Set `quiet` on each QuietGranted; on end-of-file (or a frame that is not one), kill the
+    worker's group."""
     try:
-        while sock.recv(4096):
-            pass
-    except OSError:
+        while True:
+            protocol.receive_blocking(sock, QuietGranted)
+            quiet.set()
+    except (EOFError, OSError, protocol.ProtocolError):
         pass
     os.killpg(0, signal.SIGKILL)

@@ -1,0 +1,113 @@
+"""Benchmarks on a quiet machine: one kernel is timed at a time, and every other worker of this
+supervisor is paused (SIGSTOP) while it is, its deadline standing still meanwhile.
+
+Why: at `-j 2` the kernel being timed shared the L3 cache, the memory bandwidth and the boost
+clock with whatever the other worker did (a JIT, another benchmark). Two identical level-1
+sweeps then disagreed by more than their intervals on a third of the kernels, both sides moving
+by up to 1.8x (README, "Repeatability"). Import, pipeline, JIT and checks still run in parallel;
+only timing is serialized.
+
+The protocol: a worker announces its `bench` phase (a `Phase` frame) and waits; the supervisor
+takes the token (`Quiet.acquire`), pauses the others and answers `QuietGranted`; the token goes
+back when the worker's result arrives or the worker ends. The scope is one supervisor process:
+the sweeps of a daemon's clients share one; separate `kbd` commands without a daemon do not
+coordinate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+from collections.abc import Iterator
+
+import anyio
+from anyio.lowlevel import RunVar
+
+
+class Pausable:
+    """One running worker's process group and the deadline it runs under."""
+
+    def __init__(self, pgid: int, deadline: anyio.CancelScope):
+        self.pgid = pgid
+        self.deadline = deadline
+        self._remaining: float | None = None  # of the deadline, while paused
+
+    def pause(self) -> None:
+        """Stop the group; its deadline stands still until `resume`."""
+        if self._remaining is None:
+            _signal(self.pgid, signal.SIGSTOP)
+            self._remaining = self.deadline.deadline - anyio.current_time()
+            self.deadline.deadline = math.inf
+
+    def resume(self) -> None:
+        if self._remaining is not None:
+            _signal(self.pgid, signal.SIGCONT)
+            self.deadline.deadline = anyio.current_time() + self._remaining
+            self._remaining = None
+
+
+class Quiet:
+    """The token a worker holds while it is timed, and the workers it pauses."""
+
+    def __init__(self) -> None:
+        self._token = anyio.Semaphore(1)  # FIFO; unlike a Lock, any task may release it
+        self._running: set[Pausable] = set()
+        self._holder: Pausable | None = None
+
+    @contextlib.contextmanager
+    def running(self, pgid: int, deadline: anyio.CancelScope) -> Iterator[Pausable]:
+        """Register a worker for as long as it runs; one started while another is timed is
+        paused at once. On the way out it is continued (so that TERM can reach it) and gives
+        back the token if it held it."""
+        worker = Pausable(pgid, deadline)
+        self._running.add(worker)
+        if self._holder is not None:
+            worker.pause()
+        try:
+            yield worker
+        finally:
+            self._running.discard(worker)
+            self.release(worker)
+            worker.resume()
+
+    async def acquire(self, worker: Pausable) -> bool:
+        """Wait for the token, then pause every other running worker. False when `worker`
+        ended while it waited (the token is not kept)."""
+        await self._token.acquire()
+        if worker not in self._running:
+            self._token.release()
+            return False
+        self._holder = worker
+        for other in self._running - {worker}:
+            other.pause()
+        return True
+
+    def release(self, worker: Pausable) -> None:
+        """Give the token back if `worker` holds it, continuing the others."""
+        if self._holder is not worker:
+            return
+        self._holder = None
+        for other in self._running:
+            other.resume()
+        self._token.release()
+
+
+def _signal(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+_current: RunVar[Quiet] = RunVar("kbd.bench.quiet")
+
+
+def current() -> Quiet:
+    """The coordinator of this event loop's workers (one per supervisor process in practice:
+    the scope the module docstring describes)."""
+    try:
+        return _current.get()
+    except LookupError:
+        quiet = Quiet()
+        _current.set(quiet)
+        return quiet
