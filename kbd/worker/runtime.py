@@ -82,10 +82,11 @@ def uses_openmp(stages) -> bool:
 def openmp_libraries() -> list[str]:
     """The OpenMP runtime to load into an execution engine, when installed, with its thread
     count set to the cores this process may run on and idle threads sleeping after
-    OPENMP_BLOCKTIME_MS (starting it costs some 40 ms)."""
+    OPENMP_BLOCKTIME_MS, unless the user set KMP_BLOCKTIME (starting it costs some 40 ms)."""
     if not OPENMP_LIBRARY.is_file():
         return []
     openmp = ctypes.CDLL(str(OPENMP_LIBRARY), mode=ctypes.RTLD_GLOBAL)
     openmp.omp_set_num_threads(len(os.sched_getaffinity(0)))
-    openmp.kmp_set_blocktime(OPENMP_BLOCKTIME_MS)
+    if "KMP_BLOCKTIME" not in os.environ:  # the runtime reads the user's own setting
+        openmp.kmp_set_blocktime(OPENMP_BLOCKTIME_MS)
     return [str(OPENMP_LIBRARY)]
