@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -140,3 +142,19 @@ def test_openmp_runtime_gets_one_thread_per_pinned_core():
     assert libraries == [str(runtime.OPENMP_LIBRARY)]
     openmp = ctypes.CDLL(str(runtime.OPENMP_LIBRARY))
     assert openmp.omp_get_max_threads() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(("environment", "blocktime"), [({}, 1), ({"KMP_BLOCKTIME": "7"}, 7)])
+def test_openmp_threads_sleep_after_1_ms_unless_the_user_said_otherwise(environment, blocktime):
+    """In a fresh process: the runtime reads KMP_BLOCKTIME once, when it is loaded."""
+    if not runtime.OPENMP_LIBRARY.is_file():
+        pytest.skip("intel-openmp is not installed")
+    probe = (
+        "import ctypes; from kbd.worker import runtime; runtime.openmp_libraries(); "
+        "print(ctypes.CDLL(str(runtime.OPENMP_LIBRARY)).kmp_get_blocktime())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KMP_BLOCKTIME"} | environment
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == [str(blocktime)]
