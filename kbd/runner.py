@@ -207,9 +207,13 @@ async def _supervise(
         await worker.channel.send(protocol.encode(task))  # a worker dead already is classified
     alone = isinstance(task, Job) and task.bench is not None and task.bench.exclusive
     quiet = quiet_bench.current()
+
+    def shown(paused: bool) -> None:
+        on_phase(name, f"{state.phase} (paused)" if paused else state.phase)
+
     with (
         anyio.move_on_after(timeout) as deadline,
-        quiet.running(worker.pid, deadline) as pausable,
+        quiet.running(worker.pid, deadline, shown) as pausable,
     ):
         async with anyio.create_task_group() as group:
             group.start_soon(

@@ -63,15 +63,18 @@ def test_the_holder_runs_and_every_other_worker_is_stopped_until_it_releases():
     _run(test)
 
 
-def test_a_worker_started_while_another_is_timed_is_stopped_at_once():
+def test_a_worker_started_while_another_is_timed_is_stopped_at_once_and_shown_so():
     async def test():
         quiet = Quiet()
+        shown: list[bool] = []
         with _sleepers(2) as (first, second), quiet.running(first, anyio.CancelScope()) as holder:
             assert await quiet.acquire(holder)
-            with quiet.running(second, anyio.CancelScope()):
+            with quiet.running(second, anyio.CancelScope(), shown.append):
                 assert _states([second], ["T"]) == ["T"]
+                assert shown == [True]
                 quiet.release(holder)
                 assert _states([second], ["S"]) == ["S"]
+                assert shown == [True, False]
 
     _run(test)
 

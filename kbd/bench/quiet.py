@@ -20,7 +20,7 @@ import contextlib
 import math
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 from anyio.lowlevel import RunVar
@@ -29,9 +29,12 @@ from anyio.lowlevel import RunVar
 class Pausable:
     """One running worker's process group and the deadline it runs under."""
 
-    def __init__(self, pgid: int, deadline: anyio.CancelScope):
+    def __init__(
+        self, pgid: int, deadline: anyio.CancelScope, shown: Callable[[bool], None]
+    ) -> None:
         self.pgid = pgid
         self.deadline = deadline
+        self.shown = shown  # tells the live display: paused (True) or running again (False)
         self._remaining: float | None = None  # of the deadline, while paused
 
     def pause(self) -> None:
@@ -40,12 +43,14 @@ class Pausable:
             _signal(self.pgid, signal.SIGSTOP)
             self._remaining = self.deadline.deadline - anyio.current_time()
             self.deadline.deadline = math.inf
+            self.shown(True)
 
     def resume(self) -> None:
         if self._remaining is not None:
             _signal(self.pgid, signal.SIGCONT)
             self.deadline.deadline = anyio.current_time() + self._remaining
             self._remaining = None
+            self.shown(False)
 
 
 class Quiet:
@@ -57,11 +62,16 @@ class Quiet:
         self._holder: Pausable | None = None
 
     @contextlib.contextmanager
-    def running(self, pgid: int, deadline: anyio.CancelScope) -> Iterator[Pausable]:
+    def running(
+        self,
+        pgid: int,
+        deadline: anyio.CancelScope,
+        shown: Callable[[bool], None] = lambda paused: None,
+    ) -> Iterator[Pausable]:
         """Register a worker for as long as it runs; one started while another is timed is
         paused at once. On the way out it is continued (so that TERM can reach it) and gives
         back the token if it held it."""
-        worker = Pausable(pgid, deadline)
+        worker = Pausable(pgid, deadline, shown)
         self._running.add(worker)
         if self._holder is not None:
             worker.pause()
