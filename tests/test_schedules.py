@@ -49,6 +49,13 @@ class BiasChain(torch.nn.Module):
         return torch.sigmoid(x + bias) * x
 
 
+class LinearRelu(torch.nn.Module):
+    """nn.Linear's product (x W^T + b, imported as a transpose of W and a matmul), then ReLU."""
+
+    def forward(self, x, weight, bias):
+        return torch.relu(torch.nn.functional.linear(x, weight, bias))
+
+
 class Bmm(torch.nn.Module):
     def forward(self, a, b):
         return torch.bmm(a, b)
@@ -96,6 +103,9 @@ CASES = {
         (Matmul, [(32, 48), (48, 17)]),
         (Matmul, [(300, 40), (40, 260)]),  # several blocks, partial ones at the edges
         (TwoMatmuls, [(260, 40), (40, 40)]),  # each matmul gets its blocks and fill
+        (LinearRelu, [(8, 64), (192, 64), (192,)]),  # W's transpose folded: matmul-transposed-b
+        (LinearRelu, [(11, 37), (70, 37), (70,)]),  # partial tiles in M, N and K
+        (LinearRelu, [(100, 40), (24, 40), (24,)]),  # too many rows to fold: matmul.mlir
     ],
     "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
     "element_wise": [
@@ -272,6 +282,31 @@ def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
     assert records["level1/2_relu_scale"]["pipeline"].startswith(
         "scalar-lowering.yaml (no conv3d f32 schedule for "
     )
+
+
+def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_path):
+    """kbd-fold-transpose-into-matmul (in the matmul family schedules) folds the transpose of
+    nn.Linear's weight into the matmul's maps, matmul-transposed-b.mlir then vectorizes that
+    matmul along K (no linalg.matmul left), and the kernel passes."""
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(
+        "- kernel: level1/8_linear_relu.py\n  input_shapes: [8x40]\n"
+        "  initializations: [rnd]\n  init_args: [40, 24]\n  family: matmul\n"
+    )
+    dump = tmp_path / "ir.mlir"
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
+    args += ["--print-original-module", "--print-mlir-after-all", "--print-to", str(dump)]
+    result = kbd("run", *args, cwd=tmp_path)
+    record = json_records(result.stdout)["level1/8_linear_relu"]
+    assert record["outcome"] == "pass", result.stderr
+    dumps = dump.read_text().split("// -----// ")[1:]
+    original = next(d for d in dumps if d.startswith("Original module"))
+    assert "linalg.transpose" in original and "linalg.matmul" in original
+    folded = next(d for d in dumps if d.startswith("IR Dump After kbd-fold-transpose-into"))
+    assert "linalg.transpose" not in folded
+    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in folded  # W[n, k]
+    scheduled = next(d for d in dumps if d.startswith("IR Dump After transform matmul-trans"))
+    assert "linalg.matmul" not in scheduled and "vector.reduction" in scheduled
 
 
 class Exp(torch.nn.Module):

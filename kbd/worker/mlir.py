@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch_mlir import fx, ir, passmanager
-from torch_mlir.dialects import arith, bufferization, func
+from torch_mlir.dialects import arith, bufferization, func, linalg
 from torch_mlir.dialects import math as math_dialect
 from torch_mlir.dialects.transform import interpreter
 from torch_mlir.execution_engine import ExecutionEngine
@@ -568,7 +568,71 @@ def hoist_allocas(module: ir.Module) -> int:
     return moved
 
 
+# A matmul with at most this many rows of A reads B in its stored (N x K) order instead of a
+# transposed copy: with few rows the copy (a strided pass over all of B) costs more than the
+# product, which then streams B's rows along K. With many rows the product dominates, and the
+# matmul schedule's micro-kernel wants B's rows along N.
+_FOLD_TRANSPOSE_MAX_ROWS = 64
+
+
+def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
+    """Indexing maps over (m, n, k) of C[m, n] += A[m, k] * B[b_dims]."""
+    return [
+        ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(d) for d in dims])
+        for dims in ((0, 2), b_dims, (0, 1))
+    ]
+
+
+def fold_transpose_into_matmul(module: ir.Module) -> int:
+    """Make each `linalg.matmul` of at most `_FOLD_TRANSPOSE_MAX_ROWS` (static) rows whose B is
+    a `linalg.transpose` read the transpose's input through transposed indexing maps,
+    `C[m, n] += A[m, k] * W[n, k]`, and erase the transpose once unused (the
+    `kbd-fold-transpose-into-matmul` stage); returns how many matmuls changed.
+
+    torch-mlir imports `nn.Linear` (y = x W^T) as a transpose of the whole weight into a new
+    tensor, then a matmul: for x of 8 rows and W of 8192 x 8192, a 256 MiB strided copy per
+    call, slower than the product itself. The matmul schedules tell the folded matmul from the
+    plain one by its maps."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        plain = [ir.AffineMapAttr.get(m) for m in _matmul_maps((2, 1))]
+        for matmul in _ops_named(module, "linalg.matmul"):
+            matmul = matmul.operation
+            a, b, c = matmul.operands
+            transpose = _producer(b)
+            rows = ir.ShapedType(a.type).shape[0]
+            if (
+                transpose is None
+                or transpose.name != "linalg.transpose"
+                or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 0]
+                or list(ir.ArrayAttr(matmul.attributes["indexing_maps"])) != plain
+                or ir.ShapedType.is_dynamic_size(rows)
+                or rows > _FOLD_TRANSPOSE_MAX_ROWS
+            ):
+                continue
+            with ir.InsertionPoint(matmul), matmul.location:
+                folded = linalg.matmul(
+                    a, transpose.operands[0], outs=[c], indexing_maps=_matmul_maps((1, 2))
+                )
+            matmul.results[0].replace_all_uses_with(folded)
+            matmul.erase()
+            changed += 1
+            if not list(transpose.result.uses):
+                init = _producer(transpose.operands[1])
+                transpose.erase()
+                if init is not None and init.name == "tensor.empty" and not list(init.result.uses):
+                    init.erase()
+    return changed
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    """The op whose result `value` is (None for a block argument)."""
+    owner = value.owner
+    return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
 REWRITES = {
+    "kbd-fold-transpose-into-matmul": fold_transpose_into_matmul,
     "kbd-polynomial-exp": polynomial_exp,
     "kbd-openmp-guided-schedule": openmp_guided_schedule,
     "kbd-dealloc-after-last-use": deallocs_after_last_use,

@@ -6,10 +6,14 @@
 //   block_k           K block (A panel $reg_m x $block_k and B panel $block_k x $reg_n in L1)
 //   reg_m, reg_n      register tile: reg_m * reg_n / lanes accumulators must fit the vector file
 // Tiles that do not divide the shape are vectorized with masks (correct, slower).
-// Runs on linalg-on-tensors, before bufferization; every linalg.matmul in the module is tiled.
+// Runs on linalg-on-tensors, before bufferization; every linalg.matmul with B stored K x N in the
+// module is tiled (B stored N x K: matmul-transposed-b.mlir).
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
-    %matmuls = transform.structured.match ops{["linalg.matmul"]} in %root
+    %matmuls = transform.structured.match ops{["linalg.matmul"]}
+        attributes{indexing_maps = [affine_map<(m, n, k) -> (m, k)>,
+                                    affine_map<(m, n, k) -> (k, n)>,
+                                    affine_map<(m, n, k) -> (m, n)>]} in %root
       : (!transform.any_op) -> !transform.any_op
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
