@@ -124,15 +124,6 @@ def test_bad_options(tmp_path, option, expected):
     assert "Traceback" not in result.stderr
 
 
-def test_pipeline_override_with_transform(tmp_path):
-    """A user pipeline with a transform script tiles the matmul and still matches eager."""
-    result = kbd(
-        "run", *fixture_args("level1/1_", "--json", "--pipeline", "tiled-lowering"), cwd=tmp_path
-    )
-    record = json_records(result.stdout)["level1/1_matmul"]
-    assert record["outcome"] == "pass", record
-
-
 def test_failing_pass_is_an_error_in_its_phase(tmp_path):
     """Lowering to LLVM without bufferizing first fails in that pass, not in the supervisor."""
     result = kbd(
@@ -163,19 +154,33 @@ def test_kernels_that_cannot_fit_the_budget_are_skipped(tmp_path):
     assert result.returncode == 0
 
 
-def test_a_plain_sweep_never_imports_ray(tmp_path):
-    """Without --cluster nothing imports ray, installed or not (the `ray` extra is optional)."""
+@pytest.fixture(scope="module")
+def plain_sweep(tmp_path_factory) -> subprocess.CompletedProcess:
+    """`kbd sweep` without --cluster, through kbd.cli.main in a process of its own, with a user
+    pipeline that has a transform script; exits 1 if anything imported ray."""
+    selection = fixture_args("level1/1_", "--json", "--pipeline", "tiled-lowering")
     code = (
         "import sys\n"
         "from kbd.cli import main\n"
-        f"code = main(['sweep', *{fixture_args('level1/1_')!r}])\n"
-        "assert code == 0, code\n"
+        f"code = main(['sweep', *{selection!r}])\n"
         "assert 'ray' not in sys.modules, 'ray imported'\n"
+        "sys.exit(code)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
+    cwd = tmp_path_factory.mktemp("plain")
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True)
+
+
+def test_a_plain_sweep_never_imports_ray(plain_sweep):
+    """Without --cluster nothing imports ray, installed or not (the `ray` extra is optional)."""
+    assert "ray imported" not in plain_sweep.stderr
+    assert plain_sweep.returncode == 0, plain_sweep.stderr
+
+
+def test_pipeline_override_with_transform(plain_sweep):
+    """A user pipeline with a transform script tiles the matmul and still matches eager."""
+    record = json_records(plain_sweep.stdout)["level1/1_matmul"]
+    assert record["outcome"] == "pass", record
+    assert record["pipeline"] == "tiled-lowering", record
 
 
 def test_cluster_without_ray_installed(tmp_path):

@@ -70,6 +70,14 @@ def test_json_records_are_complete(zoo):
         assert decoded.outcome == "pass" or decoded.message
 
 
+def test_sweeps_without_benchmark_carry_no_bench_fields(zoo):
+    _, records, _ = zoo
+    for record in records.values():
+        assert record["bench"] is None and record["not_benchmarked"] is None
+        assert record["phase"] != "bench" and "bench" not in record["times"]
+    assert records["level1/2_relu_scale"]["phase"] == "check"
+
+
 def test_messages_explain_failures(zoo):
     _, records, _ = zoo
     assert records["level9/4_llvm_abort"]["message"].startswith("LLVM ERROR: SmallVector")

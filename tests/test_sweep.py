@@ -11,6 +11,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from kbd.spec import Shard
+from kbd.store import Store
 from tests.conftest import fixture_args, json_records, kbd
 
 QUICK = ["level1/1_", "level1/2_", "level1/3_", "level9/2_", "level9/3_"]
@@ -57,13 +58,6 @@ def test_sweep_stores_results_and_writes_junit(tmp_path):
     assert (suite.get("tests"), suite.get("failures")) == ("5", "2")
     listing = kbd("sweeps", cwd=tmp_path).stdout
     assert "done" in listing and "5/5" in listing
-
-
-def test_sweep_json_lines_match_run(tmp_path):
-    result = kbd("sweep", *fixture_args("level1/1_", "level9/3_", "--json"), cwd=tmp_path)
-    records = json_records(result.stdout)
-    assert records["level9/3_segfault"]["signal"] == "SIGSEGV"
-    assert records["level1/1_matmul"]["outcome"] == "pass"
 
 
 def test_kill_9_leaves_no_worker_and_resume_completes(tmp_path):
@@ -119,7 +113,11 @@ def test_results_without_database(tmp_path):
 
 
 def test_resume_unknown_sweep(tmp_path):
-    kbd("sweep", *fixture_args("level1/1_"), cwd=tmp_path)
+    # A store holding sweep 1 only; no kernel needs to run for this (a sweep would start the
+    # template, seconds of torch import).
+    store = Store(tmp_path / ".kbd" / "results.db")
+    store.create_sweep("sweep", "{}", ["level1/1_matmul"], "0")
+    store.close()
     result = kbd("sweep", "--resume", "42", cwd=tmp_path)
     assert result.returncode == 2
     assert "no sweep with id 42" in result.stderr
