@@ -54,9 +54,15 @@ LONGEST_FIRST = (
     "test_cluster.py",
     "test_faults.py",
     "test_sweep.py",
-    "test_daemon_sweeps.py",
-    "test_compile_mode.py",
     "test_daemon.py",
+    "test_containment.py",
+    "test_daemon_sweeps.py",
+    "test_compile_cache.py",
+    "test_compile_mode.py",
+    "test_schedules.py",
+    "test_cli.py",
+    "test_replay.py",
+    "test_bench.py",
 )
 
 

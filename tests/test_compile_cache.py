@@ -96,11 +96,13 @@ def test_damaged_or_foreign_entries_are_removed_never_used(tmp_path):
     assert compile_cache.lookup(other) is None
 
 
-def test_rerun_loads_compiled_code_with_the_same_results(tmp_path):
+def test_reruns_use_both_caches_with_the_same_results(tmp_path):
     """A second run loads each kernel's library instead of importing, lowering and compiling;
     outcomes and errors are those of the first run (a mismatch stays a mismatch, state a
-    forward writes is still carried out, --benchmark times the library's loops). Damage is
-    rebuilt; the option bypasses the cache."""
+    forward writes is still carried out, --benchmark times the library's loops). Without the
+    compile cache a rerun reads the imported modules from the import cache. Damage to either
+    cache is rebuilt; each has an option that bypasses it. (One sequence of runs for both
+    caches: each run starts a template.)"""
     levels = tmp_path / "levels.yaml"
     levels.write_text(
         (FIXTURES / "levels.yaml").read_text() + "- kernel: level7/5_buffer_mutation.py\n"
@@ -122,16 +124,27 @@ def test_rerun_loads_compiled_code_with_the_same_results(tmp_path):
         for field in ("outcome", "phase", "max_abs_error", "passing_tolerance", "state_writes"):
             assert again[field] == record[field], (kernel, field)
         assert (again["bench"] is None) == (record["bench"] is None)  # timed from the library
-    assert first["level9/1_mismatch"]["outcome"] == "mismatch"
+    assert {k: r["outcome"] for k, r in first.items()} == {
+        "level1/1_matmul": "pass",
+        "level1/2_relu_scale": "pass",
+        "level9/1_mismatch": "mismatch",
+        "level7/5_buffer_mutation": "pass",
+    }
     assert first["level7/5_buffer_mutation"]["state_writes"] == ["running"]
 
     entries[0].write_bytes(entries[0].read_bytes()[:-10])  # truncated: rebuilt, not used
     third = json_records(kbd("run", *args, cwd=tmp_path).stdout)
     assert sorted(r["compile_cache"] for r in third.values()) == ["hit", "hit", "hit", "miss"]
+    imported = sorted((tmp_path / ".kbd" / "import-cache").glob("*/*.mlir"))
+    assert len(imported) == 4
+    imported[0].write_bytes(imported[0].read_bytes()[:-10])  # truncated: rebuilt, not used
     bypass = json_records(kbd("run", *args, "--no-compile-cache", cwd=tmp_path).stdout)
     assert {r["compile_cache"] for r in bypass.values()} == {None}
-    assert {r["import_cache"] for r in bypass.values()} == {"hit"}
-    for records in (third, bypass):
+    assert sorted(r["import_cache"] for r in bypass.values()) == ["hit", "hit", "hit", "miss"]
+    no_cache = ["--no-compile-cache", "--no-import-cache"]
+    neither = json_records(kbd("run", *args, *no_cache, cwd=tmp_path).stdout)
+    assert {(r["compile_cache"], r["import_cache"]) for r in neither.values()} == {(None, None)}
+    for records in (third, bypass, neither):
         assert {k: r["outcome"] for k, r in records.items()} == {
             k: r["outcome"] for k, r in first.items()
         }

@@ -1,4 +1,4 @@
-"""The import cache: content addresses, verified entries, eviction, and real sweeps that use it."""
+"""The import cache: content addresses, verified entries, eviction."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import msgspec
 
 from kbd import import_cache
 from kbd.protocol import ImportCache, Job, Limits
-from tests.conftest import fixture_args, json_records, kbd
 
 MODULE = "module {\n  func.func @main() {\n    return\n  }\n}\n"
 
@@ -84,17 +83,5 @@ def test_least_recently_used_entries_are_evicted(tmp_path):
     assert present == [True, False, True, True]
 
 
-def test_rerun_hits_the_cache_rebuilds_damage_and_can_bypass_it(tmp_path):
-    # the compile cache would skip the import altogether on a rerun
-    args = fixture_args("level1/2_", "level1/3_", "--json", "-j", "1", "--no-compile-cache")
-    first = json_records(kbd("run", *args, cwd=tmp_path).stdout)
-    assert {r["import_cache"] for r in first.values()} == {"miss"}
-    entries = sorted((tmp_path / ".kbd" / "import-cache").glob("*/*.mlir"))
-    assert len(entries) == 2
-    entries[0].write_bytes(entries[0].read_bytes()[:-10])  # truncated: rebuilt, not used
-    second = json_records(kbd("run", *args, cwd=tmp_path).stdout)
-    assert sorted(r["import_cache"] for r in second.values()) == ["hit", "miss"]
-    bypass = json_records(kbd("run", *args, "--no-import-cache", cwd=tmp_path).stdout)
-    assert {r["import_cache"] for r in bypass.values()} == {None}
-    for records in (first, second, bypass):
-        assert {r["outcome"] for r in records.values()} == {"pass"}
+# Real runs that hit, rebuild and bypass the import cache: tests/test_compile_cache.py (one
+# sequence of runs for both caches).
