@@ -35,6 +35,7 @@ SUFFIX = ".mlir"
 _INGRESS_CODE = (
     "worker/ingress.py",
     "worker/decompositions.py",
+    "worker/norms.py",
     "worker/mlir.py",
     "worker/state.py",
 )

@@ -1,12 +1,13 @@
 """Eager against compiled for a fixed set of ops at benchmark shapes, measured by kbd itself.
 
-The ops (scripts/ops: matmul, batched matmul, an element-wise chain, softmax, conv2d) run
-through `kbd run --benchmark`: each in its own worker, checked against eager, then timed by the
-bench phase (compiled in the JIT's own timing loop, eager in Python, alternating batches on the
-same pinned cores). Each op gets the schedule the finder picks for its `pipeline:` family on this
-CPU, or the scalar pipeline when there is none; `--pipeline X` replaces them all, as in kbd.
-The table gives median times, GFLOPS and the speedup over eager with its 95% interval; the CPU
-is named. Schedule work is judged by this table.
+The ops (scripts/ops: matmul, batched matmul, an element-wise chain, softmax, conv2d, layer norm
+and group norm at KernelBench's bench shapes) run through `kbd run --benchmark`: each in its own
+worker, checked against eager, then timed by the bench phase (compiled in the JIT's own timing
+loop, eager in Python, alternating batches on the same pinned cores). Each op gets the schedule
+the finder picks for its `pipeline:` family on this CPU, or the scalar pipeline when there is
+none; `--pipeline X` replaces them all, as in kbd. The table gives median times, GFLOPS and the
+speedup over eager with its 95% interval; the CPU is named. Schedule work is judged by this
+table.
 
     scripts/bench-ops [--cores 0] [--bench-time 1] [OP ...] [-- KBD-RUN-OPTIONS ...]
 """

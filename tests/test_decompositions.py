@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kbd.worker import decompositions
+from kbd.worker import decompositions, norms
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 100), (2, 5, 33), (1, 1)])
@@ -71,3 +71,67 @@ def test_short_and_integer_sums_stay_one_reduction():
     prime = 65537  # longer than BLOCK, no block divides it
     assert decompositions.sum_(torch.rand(2, prime), [1]) is NotImplemented
     assert exported_ops(Mean(), torch.rand(64, 64)) == ["aten.mean.default"]
+
+
+class Norms(torch.nn.Module):
+    """Layer, group and instance norm of one input, each with a weight and bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.LayerNorm([4, 6, 5])
+        self.group = torch.nn.GroupNorm(2, 4)
+        self.instance = torch.nn.InstanceNorm2d(4, affine=True)
+        for parameter in self.parameters():
+            torch.nn.init.normal_(parameter)
+
+    def forward(self, x):
+        return self.layer(x) + self.group(x) + self.instance(x)
+
+
+def test_norms_match_eager_in_f32_without_widening_to_f64():
+    torch.manual_seed(0)
+    model, x = Norms(), torch.rand(3, 4, 6, 5) * 10 + 100  # a mean far from 0
+    program = torch.export.export(model, (x,), strict=False).run_decompositions(norms.TABLE)
+    names = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert not any("norm" in name or "_to_copy" in name for name in names), names
+    torch.testing.assert_close(program.module()(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_norm_rows_longer_than_a_block_are_summed_in_blocks():
+    x = torch.rand(2, 3 * decompositions.BLOCK, dtype=torch.float64) + 5
+    weight, bias = torch.rand(2, x.shape[1], dtype=torch.float64)
+    result = norms.layer_norm(x, [x.shape[1]], weight, bias, 1e-5)
+    expected = torch.nn.functional.layer_norm(x, [x.shape[1]], weight, bias)
+    torch.testing.assert_close(result, expected)
+    model = torch.nn.LayerNorm(x.shape[1]).float()
+    program = torch.export.export(model, (x.float(),), strict=False)
+    names = [str(n.target) for n in program.run_decompositions(norms.TABLE).graph.nodes]
+    assert names.count("aten.sum.dim_IntList") == 4  # blocks, then rows: for mean and variance
+
+
+def test_norms_match_eager_in_f64():
+    x = torch.rand(2, 6, 3, 7, dtype=torch.float64)
+    weight, bias = torch.rand(6, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    torch.testing.assert_close(
+        norms.group_norm(x, 3, weight, bias, 1e-5),
+        torch.nn.functional.group_norm(x, 3, weight, bias, 1e-5),
+    )
+    torch.testing.assert_close(
+        norms.instance_norm(x, None, None, None, None, True, 0.1, 1e-5, False),
+        torch.nn.functional.instance_norm(x),
+    )
+    mean, var = torch.rand(6, dtype=torch.float64), torch.rand(6, dtype=torch.float64) + 0.5
+    torch.testing.assert_close(
+        norms.batch_norm(x, weight, bias, mean, var, False, 0.1, 1e-5, False),
+        torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=False),
+    )
+
+
+def test_norms_that_update_running_statistics_or_are_not_float_are_left_to_torch():
+    x = torch.rand(2, 4, 3, 3)
+    mean, var = torch.zeros(4), torch.ones(4)
+    assert norms.batch_norm(x, None, None, mean, var, True, 0.1, 1e-5, False) is NotImplemented
+    tracked = norms.instance_norm(x, None, None, mean, var, True, 0.1, 1e-5, False)
+    assert tracked is NotImplemented
+    assert norms.layer_norm(x.half(), [3, 3]) is NotImplemented
+    assert norms.group_norm(x, 3) is NotImplemented  # 4 channels do not split into 3 groups

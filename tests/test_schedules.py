@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from kbd import descriptor, target
-from kbd.worker import ingress, mlir, runtime
+from kbd.worker import families, ingress, mlir, runtime
 from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
@@ -96,6 +97,60 @@ class Mv(torch.nn.Module):
         return torch.mv(a, x)
 
 
+class LayerNorm(torch.nn.Module):
+    """Layer norm over the last two dims, with a weight and bias that are not 1 and 0."""
+
+    def __init__(self, shape=(5, 33)):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(shape)
+        count = self.norm.weight.numel()
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.linspace(0.5, 1.5, count).reshape(shape))
+            self.norm.bias.copy_(torch.linspace(-1.0, 1.0, count).reshape(shape))
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class LongLayerNorm(LayerNorm):
+    """Rows longer than kbd's summation block (decompositions.BLOCK): summed in blocks."""
+
+    def __init__(self):
+        super().__init__((3 * 65536,))
+
+
+class GroupNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, 8)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.linspace(0.5, 1.5, 8))
+            self.norm.bias.copy_(torch.linspace(-1.0, 1.0, 8))
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+class InstanceNorm(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.instance_norm(x)
+
+
+class BatchNorm(torch.nn.Module):
+    """Inference batch norm (running statistics)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm2d(4).eval()
+        with torch.no_grad():
+            self.norm.running_mean.copy_(torch.linspace(-0.5, 0.5, 4))
+            self.norm.running_var.copy_(torch.linspace(0.5, 2.0, 4))
+            self.norm.weight.copy_(torch.linspace(0.5, 1.5, 4))
+
+    def forward(self, x):
+        return self.norm(x)
+
+
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [
@@ -129,6 +184,14 @@ CASES = {
         (MaxMiddle, [(4, 33, 70)]),
         (SumMiddleKeepdim, [(3, 9, 130)]),
         (MeanMiddle, [(2, 16, 64)]),
+    ],
+    "norm": [  # norm.mlir, on the norms as kbd.worker.norms decomposes them
+        (LayerNorm, [(3, 5, 33)]),
+        (LongLayerNorm, [(2, 3 * 65536)]),
+        (GroupNorm, [(2, 8, 5, 7)]),
+        (GroupNorm, [(3, 8, 64)]),
+        (InstanceNorm, [(2, 4, 6, 16)]),
+        (BatchNorm, [(2, 4, 5, 9)]),
     ],
 }
 
@@ -173,7 +236,7 @@ def test_family_schedule(path, feature, family, tmp_path):
             compiled = mlir.Compiled(module, 3, openmp=True)
             outputs = [np.zeros(t.dims, np.float32) for t in out_types]
             compiled([*outputs, *ingress.buffers_from_args(args)])
-            expected = module_class()(*args).numpy()
+            expected = module_class()(*args).detach().numpy()
             np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4)
         else:
             mlir.set_target_features(module, target.LLVM_FEATURES.get(feature, ()))
@@ -307,6 +370,30 @@ def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_
     assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in folded  # W[n, k]
     scheduled = next(d for d in dumps if d.startswith("IR Dump After transform matmul-trans"))
     assert "linalg.matmul" not in scheduled and "vector.reduction" in scheduled
+
+
+@pytest.mark.skipif(ARCH != "x86_64", reason="the norm schedule is x86_64's")
+def test_a_norm_kernel_gets_the_norm_family_from_its_graph_and_passes_with_its_schedule(tmp_path):
+    """The fixture's group norm and layer norm make its graph's family `norm`, whose schedule
+    (norm.mlir on kbd's norm decompositions) the kernel runs and passes with."""
+    spec = importlib.util.spec_from_file_location(
+        "group_layer_norm", FIXTURE_KB / "level1" / "8_group_layer_norm.py"
+    )
+    kernel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel)
+    model = kernel.Model(*kernel.get_init_inputs())
+    family = families.family_of(model, kernel.get_inputs())
+    assert family == "norm"
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(
+        "- kernel: level1/8_group_layer_norm.py\n  input_shapes: [3x8x5x7]\n"
+        f"  initializations: [randn]\n  init_args: [8, 2, 5, 7]\n  family: {family}\n"
+    )
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
+    result = kbd("run", *args, "--schedules", "family", cwd=tmp_path)
+    record = json_records(result.stdout)["level1/8_group_layer_norm"]
+    assert record["outcome"] == "pass", result.stderr
+    assert record["pipeline"] == "x86_64/norm/f32.yaml"
 
 
 class Exp(torch.nn.Module):

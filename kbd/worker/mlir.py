@@ -30,7 +30,7 @@ from torch_mlir.execution_engine import ExecutionEngine
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
 from kbd.protocol import Stage
-from kbd.worker import decompositions, runtime
+from kbd.worker import decompositions, norms, runtime
 
 ENTRY = "main"
 TRANSFORM_ENTRY = "__transform_main"
@@ -65,7 +65,7 @@ def import_program(program: torch.export.ExportedProgram) -> ir.Module:
     positions of those inputs are kept in the module (see `mutated_inputs`), so they survive
     the import cache's text round trip.
     """
-    table = {**get_decomposition_table(), **decompositions.TABLE}
+    table = {**get_decomposition_table(), **decompositions.TABLE, **norms.TABLE}
     program = program.run_decompositions(table)
     signature = program.graph_signature
     user_inputs = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
