@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kbd import descriptor, target
 from kbd.worker import families, ingress, mlir, runtime
@@ -151,6 +153,32 @@ class BatchNorm(torch.nn.Module):
         return self.norm(x)
 
 
+class Conv(torch.nn.Module):
+    """conv2d (or conv_transpose2d) with a bias and fixed random weights of `shape`: every
+    instance computes the same function."""
+
+    def __init__(self, shape=(4, 3, 3, 3), transposed=False, **options):
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        filters = shape[1] * options.get("groups", 1) if transposed else shape[0]
+        self.register_buffer("weight", torch.randn(shape, generator=generator))
+        self.register_buffer("bias", torch.randn(filters, generator=generator))
+        self.conv = F.conv_transpose2d if transposed else F.conv2d
+        self.options = options
+
+    def forward(self, x):
+        return self.conv(x, self.weight, self.bias, **self.options)
+
+
+class TwoConvs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = Conv((6, 3, 3, 3), padding=1), Conv((4, 6, 3, 3))
+
+    def forward(self, x):
+        return self.second(torch.relu(self.first(x)))
+
+
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [
@@ -174,6 +202,16 @@ CASES = {
         (Matmul, [(37, 70), (70, 1)]),
         (Mv, [(40, 70), (70,)]),
         (Matmul, [(12, 20), (20, 3)]),  # not a matrix-vector product: still correct
+    ],
+    "conv2d": [
+        (Conv, [(2, 3, 12, 12)]),
+        # 61 output columns: register tiles of 32, 16, 8, 4 and 1 columns; 11 filters: a partial
+        # tile of filters
+        (functools.partial(Conv, (11, 5, 3, 3), padding=1), [(2, 5, 6, 61)]),
+        (functools.partial(Conv, (8, 4, 3, 5), stride=2, dilation=(2, 1)), [(1, 4, 15, 40)]),
+        (functools.partial(Conv, (6, 2, 3, 3), groups=2), [(1, 4, 9, 20)]),  # not this schedule's
+        (functools.partial(Conv, (4, 5, 3, 3), transposed=True, stride=2), [(1, 4, 7, 9)]),
+        (TwoConvs, [(2, 3, 10, 21)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),
@@ -332,16 +370,19 @@ def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
         "  initializations: [rnd, rnd]\n  family: matmul\n"
         "- kernel: level1/2_relu_scale.py\n  input_shapes: [8x64, 2.5]\n"
         "  initializations: [randn, scalar]\n  family: conv3d\n"
+        "- kernel: level1/4_conv2d.py\n  input_shapes: [2x3x12x12]\n"
+        "  initializations: [rnd]\n  init_args: [3, 4, 3]\n  family: conv2d\n"
     )
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
     result = kbd("run", *args, cwd=tmp_path)
     records = json_records(result.stdout)
-    assert [r["outcome"] for r in records.values()] == ["pass", "pass"], result.stderr
+    assert [r["outcome"] for r in records.values()] == ["pass"] * 3, result.stderr
     arch, flags = descriptor.host_target()
-    found = descriptor.find_pipeline(
-        "matmul", "f32", schedules_dir=SCHEDULES, arch=arch, features=target.ranked(flags)
-    )
-    assert records["level1/1_matmul"]["pipeline"] == str(found.relative_to(SCHEDULES))
+    for kernel, family in [("level1/1_matmul", "matmul"), ("level1/4_conv2d", "conv2d")]:
+        found = descriptor.find_pipeline(
+            family, "f32", schedules_dir=SCHEDULES, arch=arch, features=target.ranked(flags)
+        )
+        assert records[kernel]["pipeline"] == str(found.relative_to(SCHEDULES))
     assert records["level1/2_relu_scale"]["pipeline"].startswith(
         "scalar-lowering.yaml (no conv3d f32 schedule for "
     )
