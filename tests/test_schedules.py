@@ -154,8 +154,8 @@ class BatchNorm(torch.nn.Module):
 
 
 class Conv(torch.nn.Module):
-    """conv2d (or conv_transpose2d) with a bias and fixed random weights of `shape`: every
-    instance computes the same function."""
+    """conv2d or conv1d (by the rank of `shape`), or their transposed forms, with a bias and
+    fixed random weights of `shape`: every instance computes the same function."""
 
     def __init__(self, shape=(4, 3, 3, 3), transposed=False, **options):
         super().__init__()
@@ -163,7 +163,10 @@ class Conv(torch.nn.Module):
         filters = shape[1] * options.get("groups", 1) if transposed else shape[0]
         self.register_buffer("weight", torch.randn(shape, generator=generator))
         self.register_buffer("bias", torch.randn(filters, generator=generator))
-        self.conv = F.conv_transpose2d if transposed else F.conv2d
+        if len(shape) == 3:
+            self.conv = F.conv_transpose1d if transposed else F.conv1d
+        else:
+            self.conv = F.conv_transpose2d if transposed else F.conv2d
         self.options = options
 
     def forward(self, x):
@@ -212,6 +215,9 @@ CASES = {
         (functools.partial(Conv, (6, 2, 3, 3), groups=2), [(1, 4, 9, 20)]),  # not this schedule's
         (functools.partial(Conv, (4, 5, 3, 3), transposed=True, stride=2), [(1, 4, 7, 9)]),
         (TwoConvs, [(2, 3, 10, 21)]),
+        (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
+        (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
+        (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),

@@ -59,6 +59,23 @@ module attributes {transform.with_named_sequence} {
     transform.yield %next : !transform.any_op
   }
 
+  // @narrower for 1-D convolutions (dims n, f, ow, c, kw).
+  transform.named_sequence @narrower_1d(%rests: !transform.any_op {transform.readonly},
+                                        %width: !transform.param<i64> {transform.readonly})
+      -> !transform.any_op {
+    %next = transform.foreach %rests : !transform.any_op -> !transform.any_op {
+    ^bb0(%rest: !transform.any_op):
+      %conv = transform.structured.match ops{["linalg.conv_1d_ncw_fcw"]} in %rest
+        : (!transform.any_op) -> !transform.any_op
+      %tile, %loop = transform.structured.tile_using_for %conv tile_sizes [0, 0, %width]
+        : (!transform.any_op, !transform.param<i64>) -> (!transform.any_op, !transform.any_op)
+      %main, %rest_loop = transform.include @peel failures(propagate) (%loop)
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.yield %rest_loop : !transform.any_op
+    }
+    transform.yield %next : !transform.any_op
+  }
+
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
     %convs = transform.structured.match ops{["linalg.conv_2d_nchw_fchw"]} in %root
       : (!transform.any_op) -> !transform.any_op
@@ -93,20 +110,54 @@ module attributes {transform.with_named_sequence} {
     // Filters left over (peeled last: the copy it makes carries the column tiles above).
     %main_f, %rest_f = transform.include @peel failures(propagate) (%loops#1)
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+
+    // 1-D convolutions (torch's conv1d and transposed conv1d; dims n, f, ow, c, kw), the same
+    // way, one image per scf.forall iteration (a block of columns would not have static tiles).
+    %convs_1d = transform.structured.match ops{["linalg.conv_1d_ncw_fcw"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %blocks_1d = transform.foreach %convs_1d : !transform.any_op -> !transform.any_op {
+    ^bb0(%conv: !transform.any_op):
+      %block, %forall = transform.structured.tile_using_forall %conv tile_sizes [1]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.yield %block : !transform.any_op
+    }
+    %tiles_1d, %loops_1d:3 = transform.structured.tile_using_for %blocks_1d
+        tile_sizes [1, $reg_f, $reg_w]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
+                                !transform.any_op)
+    %main_w_1d, %rest_1d = transform.include @peel failures(propagate) (%loops_1d#2)
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %rest16_1d = transform.include @narrower_1d failures(propagate) (%rest_1d, %w16)
+      : (!transform.any_op, !transform.param<i64>) -> !transform.any_op
+    %rest8_1d = transform.include @narrower_1d failures(propagate) (%rest16_1d, %w8)
+      : (!transform.any_op, !transform.param<i64>) -> !transform.any_op
+    %rest4_1d = transform.include @narrower_1d failures(propagate) (%rest8_1d, %w4)
+      : (!transform.any_op, !transform.param<i64>) -> !transform.any_op
+    %main_f_1d, %rest_f_1d = transform.include @peel failures(propagate) (%loops_1d#1)
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    // Reduction loops (c, kh, kw) inside each register tile, one step each.
+    // Reduction loops inside each register tile, one step each: c, kw for the 1-D tiles...
+    %register_tiles_1d = transform.structured.match ops{["linalg.conv_1d_ncw_fcw"]} in %func
+      : (!transform.any_op) -> !transform.any_op
+    %step_1d, %reduction_1d:2 = transform.structured.tile_using_for %register_tiles_1d
+        tile_sizes [0, 0, 0, 1, 1]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    // ... c, kh, kw for the 2-D ones, whose step is one output row and one kernel row: a 1-D
+    // convolution.
     %register_tiles = transform.structured.match ops{["linalg.conv_2d_nchw_fchw"]} in %func
       : (!transform.any_op) -> !transform.any_op
     %step, %reduction:3 = transform.structured.tile_using_for %register_tiles
         tile_sizes [0, 0, 0, 0, 1, 1, 1]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
                                 !transform.any_op)
-    // One output row and one kernel row: a 1-D convolution, vectorized (transposes to and from
-    // its (n, w, f) layout fold into the contraction).
-    %conv1d = transform.structured.decompose %step : (!transform.any_op) -> !transform.any_op
-    transform.structured.vectorize %conv1d : !transform.any_op
+    %step_2d = transform.structured.decompose %step : (!transform.any_op) -> !transform.any_op
+    // Vectorized (the transposes to and from the vectorizer's (n, w, f) layout fold into the
+    // contraction).
+    transform.structured.vectorize %step_1d : !transform.any_op
+    transform.structured.vectorize %step_2d : !transform.any_op
     transform.apply_patterns to %func {
       transform.apply_patterns.vector.reduction_to_contract
       transform.apply_patterns.vector.transfer_permutation_patterns
