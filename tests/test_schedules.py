@@ -400,14 +400,14 @@ def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_
     matmul along K (no linalg.matmul left), and the kernel passes."""
     levels = tmp_path / "levels.yaml"
     levels.write_text(
-        "- kernel: level1/8_linear_relu.py\n  input_shapes: [8x40]\n"
+        "- kernel: level1/9_linear_relu.py\n  input_shapes: [8x40]\n"
         "  initializations: [rnd]\n  init_args: [40, 24]\n  family: matmul\n"
     )
     dump = tmp_path / "ir.mlir"
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
     args += ["--print-original-module", "--print-mlir-after-all", "--print-to", str(dump)]
     result = kbd("run", *args, cwd=tmp_path)
-    record = json_records(result.stdout)["level1/8_linear_relu"]
+    record = json_records(result.stdout)["level1/9_linear_relu"]
     assert record["outcome"] == "pass", result.stderr
     dumps = dump.read_text().split("// -----// ")[1:]
     original = next(d for d in dumps if d.startswith("Original module"))
