@@ -49,7 +49,10 @@ def pipeline_of(entry: catalog.Entry, override: list[str]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Options after -- go to kbd run as they are, e.g. `-- -O 2`.",
+    )
     parser.add_argument("ops", nargs="*", help="op prefixes, e.g. 1_ or 5_conv (default: all)")
     parser.add_argument(
         "--cores",
@@ -59,15 +62,18 @@ def main() -> int:
     )
     parser.add_argument("--bench-time", default="1", help="minimum seconds per side (default 1)")
     parser.add_argument("--pipeline", action="append", default=[], help="as in kbd run")
-    parser.add_argument("kbd_options", nargs=argparse.REMAINDER, help="after --: kbd run options")
-    options = parser.parse_args()
+    # Options after `--` go to kbd run as they are: split them off before argparse, which would
+    # otherwise take them for op prefixes.
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    options = parser.parse_args(argv[:split])
+    extra = argv[split + 1 :]
     cores = (
         [int(c) for c in options.cores.split(",")]
         if options.cores
         else [sorted(os.sched_getaffinity(0))[-1]]
     )
     os.sched_setaffinity(0, cores)  # kbd's workers split exactly these cores
-    extra = [o for o in options.kbd_options if o != "--"]
     selection = [f"level1/{op}" for op in options.ops]
     command = [
         sys.executable,
