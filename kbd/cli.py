@@ -183,14 +183,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="minimum measured time per side (default 1.0)",
+        help="minimum measured time per side and kernel (default 1.0)",
     )
     bench.add_argument(
         "--bench-samples",
         type=int,
         default=10,
         metavar="N",
-        help="minimum samples per side (default 10)",
+        help="minimum samples per side and kernel (default 10)",
     )
     bench.add_argument(
         "--bench-budget",
@@ -198,6 +198,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=20.0,
         metavar="SECONDS",
         help="stop sampling a kernel after this long, reporting the samples taken (default 20)",
+    )
+    bench.add_argument(
+        "--bench-processes",
+        type=int,
+        default=3,
+        metavar="N",
+        help="time each kernel in N worker processes, one after another, sharing out the time, "
+        "samples and budget above; the speedup's interval then includes how much processes "
+        "differ, which one process cannot see (default 3; 1 times in the checking worker only)",
     )
     bench.add_argument(
         "--bench-concurrently",

@@ -133,6 +133,20 @@ class BenchOptions(msgspec.Struct, frozen=True):
     # Time alone: the worker waits at its bench phase until the supervisor has paused its other
     # workers (kbd/bench/quiet.py); False times while they run (--bench-concurrently).
     exclusive: bool = True
+    # Separate worker processes the kernel is timed in (kbd/bench/processes.py); the minimum
+    # time and samples and the budget above are the kernel's, shared out among them.
+    processes: int = 3
+
+    def per_process(self) -> BenchOptions:
+        """What each of the `processes` workers is asked to measure."""
+        n = self.processes
+        return BenchOptions(
+            min_time_s=self.min_time_s / n,
+            min_samples=max(1, -(-self.min_samples // n)),
+            budget_s=self.budget_s / n,
+            exclusive=self.exclusive,
+            processes=1,
+        )
 
 
 class Inspect(msgspec.Struct, frozen=True):

@@ -20,6 +20,7 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kbd import bundles, compile_cache, containment, dumps, import_cache, proctree, protocol
+from kbd.bench import processes as bench_processes
 from kbd.bench import quiet as quiet_bench
 from kbd.bench import stats
 from kbd.catalog import Entry
@@ -88,7 +89,23 @@ async def run_kernel(
     on_phase: Callable[[str, str], None] = lambda kernel, phase: None,
     on_memory: Callable[[str, int], None] = lambda kernel, rss: None,
 ) -> Record:
-    """Run `job` in a new worker, with its own scratch folder, and return its classified record."""
+    """Run `job` in a new worker, with its own scratch folder, and return its classified record;
+    a benchmark timed in several processes runs in that many workers, one after another."""
+    if job.bench is None or job.bench.processes <= 1:
+        return await _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory)
+    count = job.bench.processes
+
+    async def run_once(process_job: Job, index: int) -> Record:
+        def shown(kernel: str, phase: str) -> None:
+            on_phase(kernel, f"{phase} [{index + 1}/{count}]" if index else phase)
+
+        path = bench_processes.log_path(log_path, index)
+        return await _run_in_scratch(spawner, entry, process_job, timeout, path, shown, on_memory)
+
+    return await bench_processes.run(job, entry.gflops, run_once)
+
+
+async def _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
     with containment.scratch_folder(label(entry.name, job.mode)) as scratch:
         limits = msgspec.structs.replace(job.limits, scratch=str(scratch))
         job = msgspec.structs.replace(job, limits=limits)

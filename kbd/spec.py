@@ -151,6 +151,10 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if self.bench.budget_s <= 0:
                 raise InputError(f"--bench-budget must be positive, got {self.bench.budget_s:g}")
+            if self.bench.processes < 1:
+                raise InputError(
+                    f"--bench-processes must be at least 1, got {self.bench.processes}"
+                )
         prints = self.print_mlir_after_all or self.print_original_module
         if self.print_to is not None and not (prints or self.print_optimized_module):
             raise InputError(
@@ -219,6 +223,7 @@ def _bench_options(args: Namespace) -> BenchOptions | None:
         min_samples=args.bench_samples,
         budget_s=args.bench_budget,
         exclusive=not args.bench_concurrently,
+        processes=args.bench_processes,
     )
 
 

@@ -10,13 +10,15 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 
 from kbd import reports
 from kbd.bench import compare, report, stats, summary
+from kbd.bench import processes as bench_processes
 from kbd.outcome import Record
-from kbd.protocol import BenchSamples
+from kbd.protocol import BenchOptions, BenchSamples, Job, Limits
 from kbd.store import Store
 from tests.conftest import fixture_args, json_records, kbd
 
@@ -107,6 +109,60 @@ def test_a_single_sample_gives_a_point_interval():
     figures = stats.summarize(samples, gflop=1e-3)
     assert (figures.speedup, figures.speedup_low, figures.speedup_high) == (2.0, 2.0, 2.0)
     assert figures.budget_hit
+
+
+def test_processes_that_differ_widen_the_interval_to_their_spread():
+    """Three processes whose own intervals are tight but whose speedups differ (1.8, 2.0, 2.2):
+    the speedup is their geometric mean and its t interval (2 degrees of freedom) covers them,
+    far wider than any one process's paired bootstrap."""
+    runs = [
+        _samples(100.0, 100.0 * s, n=30, noise=0.01, seed=i) for i, s in enumerate((1.8, 2, 2.2))
+    ]
+    figures = stats.combine(runs, gflop=None)
+    logs = [math.log(s) for s in (1.8, 2.0, 2.2)]
+    assert figures.speedup == pytest.approx(math.exp(sum(logs) / 3), rel=0.01)
+    assert figures.speedup_low < 1.8 and figures.speedup_high > 2.2
+    alone = stats.summarize(runs[1], gflop=None)
+    assert alone.speedup_high / alone.speedup_low < 1.05
+    assert figures.processes == [30, 30, 30] and figures.compiled.n == 90
+    assert figures.samples.compiled_ns == [x for run in runs for x in run.compiled_ns]
+
+
+def test_processes_that_agree_keep_the_interval_of_the_pooled_samples():
+    runs = [_samples(100.0, 250.0, n=40, seed=i) for i in range(3)]
+    figures = stats.combine(runs, gflop=2e-3)
+    pooled = stats.summarize(figures.samples, gflop=2e-3)
+    assert figures.speedup_low <= pooled.speedup_low and figures.speedup_high >= pooled.speedup_high
+    assert figures.speedup == pytest.approx(2.5, rel=0.02)
+    assert stats.combine(runs[:1], gflop=2e-3) == stats.summarize(runs[0], gflop=2e-3)
+
+
+def test_each_process_is_asked_for_its_share_of_the_time_samples_and_budget():
+    share = BenchOptions(min_time_s=1.0, min_samples=10, budget_s=20.0, processes=3).per_process()
+    assert share == BenchOptions(
+        min_time_s=pytest.approx(1 / 3), min_samples=4, budget_s=pytest.approx(20 / 3), processes=1
+    )
+
+
+def test_a_further_process_that_fails_ends_the_kernel_with_its_record():
+    """The first process passes and is timed; the second does not pass: that is the kernel's
+    record, saying which process it was. All three pass: one record with the work of all."""
+    job = Job("k", "k", "", None, None, None, "f32", [], 0, 0.01, 1.0, 3, Limits(),
+              bench=BenchOptions(processes=3))  # fmt: skip
+    timed = _record("k", speedup=2.0)
+    failed = Record(kernel="k", outcome="crash", phase="bench", message="SIGSEGV")
+    outcomes = {0: timed, 1: failed}
+
+    async def run_once(each: Job, index: int) -> Record:
+        assert each.bench == job.bench.per_process()
+        return msgspec.structs.replace(outcomes.get(index, timed), wall_s=1.0, times={"run": 1.0})
+
+    record = anyio.run(bench_processes.run, job, None, run_once)
+    assert record.outcome == "crash" and record.message == "benchmark process 2 of 3: SIGSEGV"
+    outcomes[1] = timed
+    record = anyio.run(bench_processes.run, job, None, run_once)
+    assert record.outcome == "pass" and record.bench.processes == [60, 60, 60]
+    assert record.wall_s == 3.0 and record.times == {"run": 3.0}
 
 
 def test_durations_read_in_their_unit():
@@ -317,11 +373,16 @@ def test_benchmark_sweep_end_to_end(tmp_path: Path):
     result = kbd("sweep", *fixture_args(*selection), cwd=tmp_path)
     assert result.returncode == 1, result.stderr  # the mismatch fixture
     assert "fast_0.5" in result.stdout and "level1/2_relu_scale" in result.stdout
+    assert "in 3 processes" in result.stdout
     records = json_records(kbd("results", "--json", cwd=tmp_path).stdout)
     timed = records["level1/2_relu_scale"]
     assert timed["outcome"] == "pass" and timed["phase"] == "bench"
     bench = timed["bench"]
     assert bench["compiled"]["n"] >= 3 and bench["speedup"] > 0
+    # timed in three processes (the default), each logged, the record holding all their samples
+    assert len(bench["processes"]) == 3 and sum(bench["processes"]) == bench["compiled"]["n"]
+    log = tmp_path / timed["log"]
+    assert [log.with_name(f"{log.stem}.process{i}.log").is_file() for i in (2, 3)] == [True] * 2
     assert bench["compiled"]["gflops"] > 0 and bench["eager"]["gflops"] > 0
     assert bench["overhead_ns"] > 0
     assert records["level9/1_mismatch"]["bench"] is None

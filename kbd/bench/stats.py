@@ -1,12 +1,26 @@
 """Statistics of one kernel's benchmark samples (pure Python: the supervisor has no numpy).
 
-Per side: median, min, MAD, IQR and n of the per-call times. Speedup is eager median over
-compiled median (KernelBench's direction: above 1 means compiled is faster), with a 95% interval
-from a paired bootstrap: sample i of both sides was taken back to back, so pairs are resampled
-together and drift that hit both sides cancels. The bootstrap's seed is fixed, so the same samples
-always give the same interval. A side whose robust relative spread (1.4826 MAD / median, an
-estimate of the coefficient of variation that ignores outliers) is above `UNSTABLE_SPREAD` makes
-the measurement `unstable`: it is shown flagged, not hidden.
+Per side: median, min, MAD, IQR and n of the per-call times, over the samples of every process
+the kernel was timed in. Speedup is eager time over compiled time (KernelBench's direction: above
+1 means compiled is faster).
+
+Timed in one process, the speedup is eager median over compiled median, with a 95% interval from
+a paired bootstrap: sample i of both sides was taken back to back, so pairs are resampled together
+and drift that hit both sides cancels. The bootstrap's seed is fixed, so the same samples always
+give the same interval. Such an interval only knows the noise *within* that process.
+
+Timed in N processes (`--bench-processes`, kbd/bench/processes.py), each process gives its own
+speedup (its eager median over its compiled median); the speedup is their geometric mean, and
+its 95% interval is Student's t with N-1 degrees of freedom on their logarithms, widened where
+needed to the pooled paired-bootstrap interval. Processes differ by more than samples within one
+process do (where the buffers land in physical memory, how the code is laid out): measured on a
+quiet machine, the log speedups of one matmul in four processes had a standard deviation of 0.22,
+while each process's own interval implied 0.035. An interval that ignores that is too narrow to
+compare two sweeps by.
+
+A side whose robust relative spread (1.4826 MAD / median, an estimate of the coefficient of
+variation that ignores outliers) is above `UNSTABLE_SPREAD` makes the measurement `unstable`: it
+is shown flagged, not hidden.
 """
 
 from __future__ import annotations
@@ -24,6 +38,13 @@ CONFIDENCE = 0.95
 RESAMPLES = 1000
 SEED = 0
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this is its standard deviation
+# Student's t, 0.975 quantile, for 1..30 degrees of freedom; the normal quantile beyond.
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+Z975 = 1.959964
 
 
 class SideStats(msgspec.Struct, frozen=True):
@@ -48,8 +69,8 @@ class Benchmark(msgspec.Struct, frozen=True):
 
     compiled: SideStats
     eager: SideStats
-    speedup: float  # eager median / compiled median
-    speedup_low: float  # 95% paired-bootstrap interval of the speedup
+    speedup: float  # eager median / compiled median; over processes, their geometric mean
+    speedup_low: float  # its 95% interval (see the module docstring)
     speedup_high: float
     unstable: bool
     overhead_ns: float  # per call, the calling path (measured on an empty function)
@@ -57,6 +78,13 @@ class Benchmark(msgspec.Struct, frozen=True):
     budget_hit: bool
     samples: BenchSamples
     loop: BenchLoop = "jit"  # "jit" (import mode) or "python" (compile mode): see BenchSamples
+    # Timed in several processes: how many of the pooled `samples` pairs each took, in order
+    # (empty: one process).
+    processes: list[int] = []
+
+    @property
+    def process_count(self) -> int:
+        return max(1, len(self.processes))
 
 
 def median(values: Sequence[float]) -> float:
@@ -127,6 +155,52 @@ def summarize(samples: BenchSamples, gflop: float | None) -> Benchmark:
         samples=samples,
         loop=samples.loop,
     )
+
+
+def combine(runs: Sequence[BenchSamples], gflop: float | None) -> Benchmark:
+    """Figures of one kernel timed in several processes, one BenchSamples each."""
+    if len(runs) == 1:
+        return summarize(runs[0], gflop)
+    first = runs[0]
+    pooled = BenchSamples(
+        compiled_ns=[ns for run in runs for ns in run.compiled_ns],
+        eager_ns=[ns for run in runs for ns in run.eager_ns],
+        compiled_batch=first.compiled_batch,
+        eager_batch=first.eager_batch,
+        overhead_ns=median([run.overhead_ns for run in runs]),
+        threads=first.threads,
+        budget_hit=any(run.budget_hit for run in runs),
+        loop=first.loop,
+    )
+    compiled = side(pooled.compiled_ns, pooled.compiled_batch, gflop)
+    eager = side(pooled.eager_ns, pooled.eager_batch, gflop)
+    logs = [math.log(median(run.eager_ns) / median(run.compiled_ns)) for run in runs]
+    centre = math.fsum(logs) / len(logs)
+    half = t975(len(logs) - 1) * _stdev(logs, centre) / math.sqrt(len(logs))
+    pooled_low, pooled_high = paired_speedup_interval(pooled.compiled_ns, pooled.eager_ns)
+    return Benchmark(
+        compiled=compiled,
+        eager=eager,
+        speedup=math.exp(centre),
+        speedup_low=min(math.exp(centre - half), pooled_low),
+        speedup_high=max(math.exp(centre + half), pooled_high),
+        unstable=max(compiled.spread, eager.spread) > UNSTABLE_SPREAD,
+        overhead_ns=pooled.overhead_ns,
+        threads=pooled.threads,
+        budget_hit=pooled.budget_hit,
+        samples=pooled,
+        loop=pooled.loop,
+        processes=[min(len(run.compiled_ns), len(run.eager_ns)) for run in runs],
+    )
+
+
+def t975(degrees: int) -> float:
+    """Student's t 0.975 quantile (two-sided 95%)."""
+    return T975[degrees - 1] if degrees <= len(T975) else Z975
+
+
+def _stdev(values: Sequence[float], mean: float) -> float:
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def format_ns(ns: float) -> str:

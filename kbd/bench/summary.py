@@ -110,7 +110,7 @@ def table(records: Sequence[Record]) -> str:
 
 
 def describe(record: Record) -> str:
-    """'compiled 85.3ns, eager 45.7us, n=67' plus GFLOPS and flags; in compile mode
+    """'compiled 85.3ns, eager 45.7us, n=67 in 3 processes' plus GFLOPS and flags; in compile mode
     'compiled forward ...' and the Python loop's own cost per call, part of both sides."""
     b = record.bench
     compiled = "compiled forward" if b.loop == "python" else "compiled"
@@ -120,6 +120,8 @@ def describe(record: Record) -> str:
     if b.loop == "python":
         text += f", call overhead {format_ns(b.overhead_ns)}"
     text += f", n={b.compiled.n}"
+    if b.process_count > 1:
+        text += f" in {b.process_count} processes"
     if b.unstable:
         text += ", unstable"
     if b.budget_hit:
