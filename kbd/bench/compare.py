@@ -4,10 +4,11 @@ For a kernel benchmarked in both, the figure compared is the speedup over eager 
 compiled median), not raw compiled time: eager was measured alternately in the same worker, so
 drift of the machine between the two sweeps largely cancels. The ratio B/A gets a 95% interval
 from the two sweeps' own bootstrap intervals (combined on the log scale as independent normal
-errors). A difference is significant when that interval excludes 1 *and* the ratio is at least
-`threshold` away from 1: the interval alone only reflects noise within each run, and runs of the
-same code in different processes differ by a few percent for reasons no interval captures (code
-and data placement, frequency).
+errors). Each sweep's interval includes how much the processes a kernel was timed in differed
+(`--bench-processes`, kbd/bench/stats.py). A difference is significant when the combined interval
+excludes 1 *and* the ratio is at least `threshold` away from 1: the host itself drifts between
+sweeps taken minutes apart (frequency, other tenants), which no interval from inside one sweep
+captures.
 """
 
 from __future__ import annotations
