@@ -79,7 +79,7 @@ def test_a_failing_transform_script_writes_a_bundle(failed):
     assert bundle.parent == Path(record.log).parent and bundle.name == "level1__1_matmul.bundle"
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["stage_number"] == 2 and manifest["stages"] == 3
-    assert manifest["message"] == TILE_ERROR and manifest["opt_level"] == 3
+    assert manifest["message"] == TILE_ERROR and manifest["opt_level"] == 2  # not timed: -O2
     assert manifest["identity"]["code_hash"] and manifest["kbd_version"]
     assert "tile_sizes [8, 8, 8, 8]" in (bundle / "stage.mlir").read_text()  # $tile resolved
     # the IR before stage 2: after canonicalize, still on tensors, nothing tiled

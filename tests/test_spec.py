@@ -38,12 +38,13 @@ def test_defaults_and_no_memory_cap(tmp_path):
 
 @pytest.mark.parametrize(
     ("argv", "light", "heavy"),
-    [(["run"], 3, 3), (["sweep"], 3, 3), (["sweep", "--smoke-test"], 0, 3),
+    [(["run"], 2, 2), (["sweep"], 2, 2), (["sweep", "--smoke-test"], 0, 3),
+     (["run", "--benchmark"], 3, 3), (["sweep", "--smoke-test", "--benchmark"], 3, 3),
      (["sweep", "--smoke-test", "-O", "2"], 2, 2), (["run", "-O", "1"], 1, 1),
-     (["sweep", "--smoke-test", "-O", "0"], 0, 0),
-     (["sweep", "--smoke-test", "--schedules", "family"], 3, 3)],
+     (["run", "--benchmark", "-O", "1"], 1, 1), (["sweep", "--smoke-test", "-O", "0"], 0, 0),
+     (["sweep", "--smoke-test", "--schedules", "family"], 2, 2)],
 )  # fmt: skip
-def test_smoke_tests_jit_at_O0_except_heavy_kernels_unless_told(tmp_path, argv, light, heavy):
+def test_the_jit_optimises_fully_only_what_is_timed_or_heavy(tmp_path, argv, light, heavy):
     options = _from(argv, tmp_path)
     assert options.opt_level_for(None) == options.opt_level_for(0.2) == light
     assert options.opt_level_for(spec.SMOKE_HEAVY_GFLOPS) == options.opt_level_for(40.0) == heavy
