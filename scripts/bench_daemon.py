@@ -18,10 +18,11 @@
    shapes through the scalar pipeline (`--shapes bench --schedules scalar`, about 1-2 s of loops
    each), with warm caches.
 
-Every command runs with the default options (not timed: the JIT at -O2). Needs KernelBench (KBD_KERNELBENCH or
-the submodule). Prints the CPU, the load average before and after (figures taken on a shared
-machine are contended), medians and ratios. Run it with `scripts/bench-daemon [--samples N]`;
-it uses a scratch directory and stops the daemon it started.
+Every command runs with the default options (not timed: the JIT at -O2). Needs KernelBench
+(KBD_KERNELBENCH or the submodule). Prints the CPU, the load average before and after (figures
+taken on a shared machine are contended), medians and ratios. Run it with
+`scripts/bench-daemon [--samples N]`; it uses a scratch directory and stops the daemon it
+started.
 """
 
 from __future__ import annotations
