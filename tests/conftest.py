@@ -41,28 +41,47 @@ needs_kernelbench = pytest.mark.skipif(
 )
 
 
-# In parallel (`scripts/test` runs two pytest-xdist workers) each test module runs whole on one
-# worker, in its own order, so that a module-scoped fixture (one sweep, one daemon, one Ray
-# cluster) is set up once. Modules named together in SAME_WORKER share a worker because they must
-# not overlap: the fault zoo's orphan check looks machine-wide for the orphan fixture's children,
-# and the cluster sweep runs that fixture too. (xdist's own `--dist loadgroup` cannot be used: it
-# marks groups by rewriting item._nodeid, which pytest 9 no longer reads.)
-SAME_WORKER = {"test_cluster.py": "fault zoo", "test_faults.py": "fault zoo"}
-# The longest modules start first, so that both workers finish at about the same time. Only the
-# order depends on this list.
+# In parallel (`scripts/test` runs pytest-xdist workers) a test module that sets up a
+# module-scoped fixture (one sweep, one daemon, one Ray cluster) runs whole on one worker, so that
+# the fixture is set up once; the tests of every other module are independent and are spread over
+# the workers one by one. `test_repository.py` checks that WHOLE_MODULES names exactly the modules
+# with a module-scoped fixture. (xdist's own `--dist loadgroup` cannot be used: it marks groups by
+# rewriting item._nodeid, which pytest 9 no longer reads.)
+WHOLE_MODULES = {
+    "test_cli.py",
+    "test_cluster.py",
+    "test_cluster_faults.py",
+    "test_compile_mode.py",
+    "test_containment.py",
+    "test_daemon.py",
+    "test_daemon_sweeps.py",
+    "test_faults.py",
+    "test_levels.py",
+    "test_replay.py",
+}
+# The longest work units (a whole module, or one test of a spread module) start first, so that
+# the workers finish at about the same time. Only the order depends on this list.
 LONGEST_FIRST = (
     "test_cluster.py",
-    "test_faults.py",
-    "test_sweep.py",
+    "test_cluster_faults.py",
+    "test_compile_cache.py::test_reruns_use_both_caches_with_the_same_results",
+    "test_sweep.py::test_kill_9_leaves_no_worker_and_resume_completes",
     "test_daemon.py",
-    "test_containment.py",
     "test_daemon_sweeps.py",
-    "test_compile_cache.py",
     "test_compile_mode.py",
-    "test_schedules.py",
+    "test_sweep.py::test_template_death_ends_the_sweep_cleanly_and_resume_completes",
+    "test_sweep.py::test_ctrl_c_finishes_running_kernels_then_resume",
+    "test_containment.py",
+    "test_faults.py",
     "test_cli.py",
     "test_replay.py",
+    "test_large_shapes.py",
+    "test_schedules.py",
+    "test_quiet.py",
     "test_bench.py",
+    "test_levels.py",
+    "test_update_xfail.py",
+    "test_dumps.py",
 )
 
 
@@ -70,21 +89,34 @@ def _module_name(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
 
 
+def _unit(nodeid: str) -> str:
+    """The work unit a test belongs to: its module, or the test itself (without parameters)."""
+    name = _module_name(nodeid)
+    if name in WHOLE_MODULES:
+        return name
+    return name + "::" + nodeid.split("::", 1)[1].split("[", 1)[0]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByModule(LoadScopeScheduling):
+    class ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             name = _module_name(nodeid)
-            return SAME_WORKER.get(name, name)
+            return name if name in WHOLE_MODULES else nodeid
 
     config.option.loadscopereorder = False  # keep the order set below
-    return ByModule(config, log)
+    return ByUnit(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not hasattr(config, "workerinput"):  # not an xdist worker: keep pytest's order
         return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_module_name(item.nodeid), len(rank)))  # stable
+
+    def key(item: pytest.Item) -> int:
+        unit = _unit(item.nodeid)
+        return rank.get(unit, rank.get(_module_name(item.nodeid), len(rank)))
+
+    items.sort(key=key)  # stable

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 
 from kbd.outcome import Record
@@ -34,14 +37,21 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("zoo")
+    # The sweep's own TMPDIR: each worker's scratch folder is made in it and becomes the worker's
+    # TMPDIR, which the orphan fixture's children inherit; that is how test_no_orphans_survive
+    # tells them from those of another sweep running the fixture at the same time (test_cluster).
+    tmp = cwd / "tmp"
+    tmp.mkdir()
     args = fixture_args("--json", "-j", "2", "--timeout", "10", "--mem-limit", "2GiB")
     process = subprocess.Popen(
         [sys.executable, "-m", "kbd", "sweep", *args],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )  # fmt: skip
     stdout, stderr = process.communicate(timeout=300)
     result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     result.pid = process.pid
+    result.tmp = tmp
     return result, json_records(stdout), cwd
 
 
@@ -107,10 +117,24 @@ def test_flood_log_is_capped(zoo):
 
 def test_no_orphans_survive(zoo):
     """Neither the orphan fixture's children nor any kbd process outlive the sweep."""
-    result, _, _ = zoo
+    result, records, _ = zoo
+    limits = records["level9/9_orphan"]["limits"]["filesystem"]
+    if "read-only except" in limits:  # the worker's scratch folder (its TMPDIR) was in ours
+        assert f"read-only except {result.tmp}/kbd-level9-9_orphan-" in limits
+    assert _sleeps_started_under(result.tmp) == []
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "sleep 86400.123" not in ps
     assert not [line for line in ps.splitlines() if line.endswith(f" {result.pid}")]
+
+
+def _sleeps_started_under(tmp: Path) -> list[int]:
+    """Live `sleep 86400.123` processes (the orphan fixture's children) whose TMPDIR is in `tmp`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        if proc.info["cmdline"] == ["sleep", "86400.123"]:
+            environ = proc.info["environ"]  # None if unreadable: then it may be ours
+            if environ is None or environ.get("TMPDIR", "").startswith(f"{tmp}/"):
+                found.append(proc.pid)
+    return found
 
 
 def test_sweep_is_stored(zoo):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, WHOLE_MODULES
 
 
 def test_every_python_file_is_seen_by_ruff():
@@ -27,3 +28,14 @@ def test_every_python_file_is_seen_by_ruff():
         if first.startswith(b"#!") and b"python" in first:
             hidden.append(name)
     assert hidden == []
+
+
+def test_modules_with_a_module_scoped_fixture_run_whole_on_one_worker():
+    """tests/conftest.py spreads the tests of other modules over the xdist workers one by one;
+    a module-scoped fixture there would be set up again on every worker its tests reach."""
+    with_module_fixture = {
+        path.name
+        for path in (ROOT / "tests").glob("test_*.py")
+        if re.search(r"""scope=["']module["']""", path.read_text())
+    }
+    assert with_module_fixture == WHOLE_MODULES
