@@ -7,6 +7,7 @@ from pathlib import Path
 import msgspec
 
 from kbd import compile_cache, import_cache
+from kbd.daemon.state import StatePaths
 from kbd.protocol import BenchOptions, CompileCache, Job, Library, Limits, Signature, Stage
 from tests.conftest import FIXTURE_KB, json_records, kbd
 
@@ -102,19 +103,33 @@ def test_reruns_use_both_caches_with_the_same_results(tmp_path):
     forward writes is still carried out, --benchmark times the library's loops). Without the
     compile cache a rerun reads the imported modules from the import cache. Damage to either
     cache is rebuilt; each has an option that bypasses it. (One sequence of runs for both
-    caches: each run starts a template.)"""
+    caches. The first run is a process of its own; the reruns go through a daemon, as they do
+    for a user who has one running, so the caches a process filled serve the daemon too, and
+    the reruns do not start a template each.)"""
     levels = tmp_path / "levels.yaml"
     levels.write_text(
         (FIXTURES / "levels.yaml").read_text() + "- kernel: level7/5_buffer_mutation.py\n"
     )
     kernels = ("level1/1_", "level1/2_", "level9/1_", "level7/5_")
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), *kernels, "--json"]
-    args += ["-j", "1", "-O", "1", "--benchmark", "--bench-time", "0", "--bench-samples", "1"]
+    args += ["-j", "2", "-O", "1", "--benchmark", "--bench-time", "0", "--bench-samples", "1"]
     first = json_records(kbd("run", *args, cwd=tmp_path).stdout)
     assert {r["compile_cache"] for r in first.values()} == {"miss"}
     assert {r["import_cache"] for r in first.values()} == {"miss"}
     entries = sorted((tmp_path / ".kbd" / "compile-cache").glob("*/*.so.entry"))
     assert len(entries) == 4
+    started = kbd("daemon", "start", "--idle-timeout", "300", cwd=tmp_path, timeout=180)
+    assert started.returncode == 0, started.stderr
+    try:
+        _reruns(args, first, entries, tmp_path)
+        log = StatePaths.for_store(tmp_path / ".kbd" / "results.db").log.read_text()
+        assert "run 4: 4 kernels" in log  # the four reruns ran in the daemon
+    finally:
+        kbd("daemon", "stop", "--now", cwd=tmp_path, timeout=60)
+
+
+def _reruns(args: list[str], first: dict[str, dict], entries: list[Path], tmp_path: Path) -> None:
+    """The reruns of test_reruns_use_both_caches_with_the_same_results, in the daemon."""
     second = json_records(kbd("run", *args, cwd=tmp_path).stdout)
     assert {r["compile_cache"] for r in second.values()} == {"hit"}
     assert {r["import_cache"] for r in second.values()} == {None}  # nothing was imported

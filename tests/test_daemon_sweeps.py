@@ -30,7 +30,9 @@ def _paths(cwd: Path) -> StatePaths:
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    """One warm daemon shared by the tests of this module."""
+    """One warm daemon shared by the tests of this module. Their sweeps leave `-j` at its
+    default, one worker per core, which the template the daemon warms at start serves (`-j 1`
+    would make the daemon start a second one, for workers of all cores: seconds of CPU)."""
     cwd = tmp_path_factory.mktemp("daemon")
     started = kbd("daemon", "start", "--idle-timeout", "600", cwd=cwd, timeout=180)
     assert started.returncode == 0, started.stderr
@@ -84,7 +86,7 @@ def test_two_clients_share_the_daemon_and_its_budget(warm):
     before = {row[0] for row in _sweep_rows(warm)}
     clients = [
         subprocess.Popen(
-            [sys.executable, "-m", "kbd", "sweep", *fixture_args(prefix), "-j", "1"],
+            [sys.executable, "-m", "kbd", "sweep", *fixture_args(prefix)],
             cwd=warm,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -104,7 +106,7 @@ def test_two_clients_share_the_daemon_and_its_budget(warm):
 
 
 def test_detach_attach_and_cancel(warm):
-    args = fixture_args("level9/6_", *QUICK, "-j", "1", "--timeout", "60")
+    args = fixture_args("level9/6_", *QUICK, "--timeout", "60")
     detached = kbd("sweep", *args, "--detach", cwd=warm)
     assert detached.returncode == 0, detached.stderr
     sweep_id = int(detached.stdout.strip())
@@ -146,7 +148,7 @@ def test_kill_9_of_the_daemon_loses_only_kernels_in_flight(tmp_path):
     assert kbd("daemon", "start", cwd=tmp_path, timeout=180).returncode == 0
     daemon_pid = _paths(tmp_path).read_info()["pid"]
     # -O0 and 8 s: quick kernels stay far from the limit; the resume waits out the hang once.
-    args = fixture_args(*QUICK, "level9/6_", "-j", "1", "-O", "0", "--timeout", "8")
+    args = fixture_args(*QUICK, "level9/6_", "-O", "0", "--timeout", "8")
     sweep_id = int(kbd("sweep", *args, "--detach", cwd=tmp_path).stdout.strip())
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the hang runs (it is ordered first or last)

@@ -369,9 +369,12 @@ def test_openmp_threads_sleep_right_after_a_parallel_kernel():
 
 def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
     """An entry's generated family picks its schedule through the finder (ranked host features);
-    a family without a schedule for this CPU runs the scalar pipeline, and the record says so."""
+    a family without a schedule for this CPU runs the scalar pipeline, and the record says so.
+    On x86_64, the fixture's group norm and layer norm make its graph's family `norm`, whose
+    schedule (norm.mlir on kbd's norm decompositions) the kernel runs and passes with. (One run
+    for all: each run starts a template.)"""
     levels = tmp_path / "levels.yaml"
-    levels.write_text(
+    text = (
         "- kernel: level1/1_matmul.py\n  input_shapes: [32x48, 48x16]\n"
         "  initializations: [rnd, rnd]\n  family: matmul\n"
         "- kernel: level1/2_relu_scale.py\n  input_shapes: [8x64, 2.5]\n"
@@ -379,10 +382,25 @@ def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
         "- kernel: level1/4_conv2d.py\n  input_shapes: [2x3x12x12]\n"
         "  initializations: [rnd]\n  init_args: [3, 4, 3]\n  family: conv2d\n"
     )
+    if ARCH == "x86_64":  # the norm schedule is x86_64's
+        spec = importlib.util.spec_from_file_location(
+            "group_layer_norm", FIXTURE_KB / "level1" / "8_group_layer_norm.py"
+        )
+        kernel = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(kernel)
+        model = kernel.Model(*kernel.get_init_inputs())
+        family = families.family_of(model, kernel.get_inputs())
+        assert family == "norm"
+        text += (
+            "- kernel: level1/8_group_layer_norm.py\n  input_shapes: [3x8x5x7]\n"
+            f"  initializations: [randn]\n  init_args: [8, 2, 5, 7]\n  family: {family}\n"
+        )
+    levels.write_text(text)
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
-    result = kbd("run", *args, cwd=tmp_path)
+    result = kbd("run", *args, "--schedules", "family", cwd=tmp_path)
     records = json_records(result.stdout)
-    assert [r["outcome"] for r in records.values()] == ["pass"] * 3, result.stderr
+    assert [r["outcome"] for r in records.values()] == ["pass"] * len(records), result.stderr
+    assert len(records) == (4 if ARCH == "x86_64" else 3), result.stderr
     arch, flags = descriptor.host_target()
     for kernel, family in [("level1/1_matmul", "matmul"), ("level1/4_conv2d", "conv2d")]:
         found = descriptor.find_pipeline(
@@ -392,6 +410,8 @@ def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
     assert records["level1/2_relu_scale"]["pipeline"].startswith(
         "scalar-lowering.yaml (no conv3d f32 schedule for "
     )
+    if ARCH == "x86_64":
+        assert records["level1/8_group_layer_norm"]["pipeline"] == "x86_64/norm/f32.yaml"
 
 
 def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_path):
@@ -417,30 +437,6 @@ def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_
     assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in folded  # W[n, k]
     scheduled = next(d for d in dumps if d.startswith("IR Dump After transform matmul-trans"))
     assert "linalg.matmul" not in scheduled and "vector.reduction" in scheduled
-
-
-@pytest.mark.skipif(ARCH != "x86_64", reason="the norm schedule is x86_64's")
-def test_a_norm_kernel_gets_the_norm_family_from_its_graph_and_passes_with_its_schedule(tmp_path):
-    """The fixture's group norm and layer norm make its graph's family `norm`, whose schedule
-    (norm.mlir on kbd's norm decompositions) the kernel runs and passes with."""
-    spec = importlib.util.spec_from_file_location(
-        "group_layer_norm", FIXTURE_KB / "level1" / "8_group_layer_norm.py"
-    )
-    kernel = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel)
-    model = kernel.Model(*kernel.get_init_inputs())
-    family = families.family_of(model, kernel.get_inputs())
-    assert family == "norm"
-    levels = tmp_path / "levels.yaml"
-    levels.write_text(
-        "- kernel: level1/8_group_layer_norm.py\n  input_shapes: [3x8x5x7]\n"
-        f"  initializations: [randn]\n  init_args: [8, 2, 5, 7]\n  family: {family}\n"
-    )
-    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
-    result = kbd("run", *args, "--schedules", "family", cwd=tmp_path)
-    record = json_records(result.stdout)["level1/8_group_layer_norm"]
-    assert record["outcome"] == "pass", result.stderr
-    assert record["pipeline"] == "x86_64/norm/f32.yaml"
 
 
 class Exp(torch.nn.Module):
