@@ -7,6 +7,7 @@ process: a command a daemon serves never loads them (client start-up is part of 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -217,10 +218,17 @@ async def _execute(env, log_dir, plans, pool, jobs, timeout, hooks, progress) ->
     from kbd import scheduler
     from kbd.spawner import Spawner
 
-    async with (
-        Spawner.started(env, log_dir / "template.log") as spawner,
-        anyio.create_task_group() as group,
-    ):
+    # A command with nothing to start (a finished sweep resumed, every kernel too big for its
+    # memory limit or the budget) records what it must without paying for a template (seconds
+    # of torch import).
+    starts = any(scheduler.too_big(plan, pool.budget) is None for plan in plans)
+    async with contextlib.AsyncExitStack() as stack:
+        spawner = None
+        if starts:
+            spawner = await stack.enter_async_context(
+                Spawner.started(env, log_dir / "template.log")
+            )
+        group = await stack.enter_async_context(anyio.create_task_group())
         if progress.live:
             group.start_soon(_tick, progress)
         completed = await scheduler.execute(

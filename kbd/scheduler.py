@@ -146,7 +146,7 @@ def order(plans: list[Planned]) -> list[Planned]:
 
 
 async def execute(
-    spawner: Spawner,
+    spawner: Spawner | None,
     plans: list[Planned],
     *,
     pool: Pool,
@@ -162,7 +162,8 @@ async def execute(
     Without `control`, Ctrl-C and SIGTERM stop the sweep (first: start nothing new; second:
     kill). Returns False when stopped before all plans had started or when running kernels were
     killed (either way some kernels have no record, and `--resume` runs them). `run` runs one
-    kernel in a worker (`runner.run_kernel`; tests pass a fake).
+    kernel in a worker (`runner.run_kernel`; tests pass a fake). `spawner` may be None when no
+    plan can start (each is too big, see `too_big`): nothing is spawned then.
     """
     width = cores_per_worker(pool.cores, jobs)
     running = 0

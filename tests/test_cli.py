@@ -152,6 +152,8 @@ def test_kernels_that_cannot_fit_the_budget_are_skipped(tmp_path):
     assert (record["outcome"], record["phase"]) == ("skipped", "schedule")
     assert "needs about" in record["message"] and "100.0 MiB" in record["message"]
     assert result.returncode == 0
+    # nothing could start, so no worker template was started either (its log would be there)
+    assert list((tmp_path / ".kbd" / "logs").glob("*/template.log")) == []
 
 
 @pytest.fixture(scope="module")
