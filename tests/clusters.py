@@ -3,17 +3,25 @@ cluster and ways to look at what a cluster sweep stored and which processes it r
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sqlite3
 import time
 from collections.abc import Iterator
 
 import psutil
+import pytest
 
 from kbd.cluster.localcluster import LocalCluster
 from tests.conftest import ROOT, json_records, kbd
 
 CLUSTER_LEVELS = ROOT / "tests" / "fixtures" / "cluster-levels.yaml"
+
+# Looked up, not imported: every pytest worker collects the cluster modules, and importing Ray
+# costs ~1 s of CPU in each (the tests run Ray in kbd's own processes).
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="Ray (the `ray` extra) is not installed"
+)
 
 
 def two_nodes() -> Iterator[LocalCluster]:

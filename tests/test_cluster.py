@@ -16,12 +16,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests import clusters
 from tests.conftest import ROOT, fixture_args, kbd, needs_kernelbench
 from tests.test_faults import EXPECTED
 
-pytest.importorskip("ray")
-
-from tests import clusters
+pytestmark = clusters.needs_ray
 
 
 @pytest.fixture(scope="module")

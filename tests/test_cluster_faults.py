@@ -12,12 +12,11 @@ import sys
 
 import pytest
 
+from tests import clusters
 from tests.conftest import FIXTURE_KB, fixture_args, kbd
 from tests.test_faults import EXPECTED
 
-pytest.importorskip("ray")
-
-from tests import clusters
+pytestmark = clusters.needs_ray
 
 
 @pytest.fixture(scope="module")
