@@ -26,7 +26,9 @@ def cluster():
 
 def test_killed_agent_kernels_finish_on_the_other_node(cluster, tmp_path):
     kernels = ["level9/6_", "level1/1_", "level1/2_", "level1/3_", "level1/6_"]
-    args = fixture_args(*kernels, "--timeout", "8", "--cluster", cluster.address)
+    # -O0 and 8 s, as in test_sweep.py: on a loaded machine a quick kernel compiled at -O3 on a
+    # one-core node took more than 8 s; the hang holds a node that long meanwhile.
+    args = fixture_args(*kernels, "-O", "0", "--timeout", "8", "--cluster", cluster.address)
     head = subprocess.Popen(
         [sys.executable, "-m", "kbd", "sweep", *args],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -81,7 +83,7 @@ def test_kernel_in_flight_during_two_agent_deaths_is_a_crash(cluster, tmp_path):
 
 def test_head_killed_then_resume_finishes_on_the_cluster(cluster, tmp_path):
     kernels = ["level9/6_", "level1/1_", "level1/2_", "level1/3_"]
-    args = fixture_args(*kernels, "--timeout", "8", "--cluster", cluster.address)
+    args = fixture_args(*kernels, "-O", "0", "--timeout", "8", "--cluster", cluster.address)
     head = subprocess.Popen(
         [sys.executable, "-m", "kbd", "sweep", *args],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
