@@ -216,6 +216,11 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     compile_cache: CompileCache | None = None  # None: compile without the cache
     pipeline: str = ""  # what the stages are, for the record (kbd.pipelines.Chosen.name)
 
+    @property
+    def timed_alone(self) -> bool:
+        """Benchmarked with the other workers paused (kbd/bench/quiet.py)."""
+        return self.bench is not None and self.bench.exclusive
+
 
 class Budget(msgspec.Struct, frozen=True):
     """What one kernel may cost at the shapes a levels file gives it."""

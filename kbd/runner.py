@@ -32,7 +32,6 @@ from kbd.protocol import (
     Job,
     Library,
     Phase,
-    QuietGranted,
     Result,
     Task,
     WorkerMessage,
@@ -222,7 +221,6 @@ async def _supervise(
 ) -> None:
     with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         await worker.channel.send(protocol.encode(task))  # a worker dead already is classified
-    alone = isinstance(task, Job) and task.bench is not None and task.bench.exclusive
     quiet = quiet_bench.current()
 
     def shown(paused: bool) -> None:
@@ -242,18 +240,12 @@ async def _supervise(
                 name,
                 group.cancel_scope,
             )
-
-            async def time_alone() -> None:
-                if await quiet.acquire(pausable):
-                    with contextlib.suppress(anyio.BrokenResourceError, OSError):
-                        await worker.channel.send(protocol.encode(QuietGranted()))
-
-            def on_bench() -> None:
-                if alone:
-                    group.start_soon(time_alone)
-
-            await _receive(worker, state, name, on_phase, on_bench)
-            quiet.release(pausable)  # the timing is over once the result is in
+            alone = None
+            if isinstance(task, Job) and task.timed_alone:
+                alone = quiet_bench.TimedAlone(quiet, pausable, worker.channel, group)
+            await _receive(worker, state, name, on_phase, alone)
+            if alone is not None:
+                alone.done()  # the timing is over once the result is in
             if state.protocol_error is None:
                 exited = await spawner.wait(worker.pid)
                 state.exit_code = exited.returncode
@@ -262,7 +254,9 @@ async def _supervise(
     state.timed_out = deadline.cancelled_caught
 
 
-async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase, on_bench) -> None:
+async def _receive(
+    worker: Worker, state: WorkerEnd, kernel: str, on_phase, alone: quiet_bench.TimedAlone | None
+) -> None:
     stream = BufferedByteReceiveStream(worker.channel)
     try:
         while state.result is None:
@@ -270,8 +264,8 @@ async def _receive(worker: Worker, state: WorkerEnd, kernel: str, on_phase, on_b
             if isinstance(message, Phase):
                 state.phase = message.name
                 on_phase(kernel, message.name)
-                if message.name == "bench":
-                    on_bench()
+                if alone is not None:
+                    alone.phase(message.name)
             elif isinstance(message, Imported):
                 state.imported = message  # run_kernel checks it is the job's key
             elif isinstance(message, Library):

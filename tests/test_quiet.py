@@ -4,6 +4,7 @@ what happens to the deadlines of the paused."""
 from __future__ import annotations
 
 import math
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,7 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kbd.bench.quiet import Quiet
+from kbd import protocol
+from kbd.bench.quiet import Quiet, TimedAlone
+from kbd.protocol import QuietGranted
 from tests.conftest import fixture_args, json_records, kbd
 
 
@@ -155,6 +158,40 @@ def test_a_worker_that_ended_while_waiting_does_not_keep_the_token():
                 quiet.release(holder)
             assert await quiet.acquire(holder)  # still free
             quiet.release(holder)
+
+    _run(test)
+
+
+def test_timed_alone_grants_the_token_at_the_bench_phase_and_gives_it_back_when_done():
+    """The supervisor's side for one worker, on a real channel: phases before `bench` change
+    nothing; at `bench` the others are stopped and the worker gets `QuietGranted`; `done`
+    continues them and frees the token."""
+
+    async def test():
+        quiet = Quiet()
+        ours, theirs = socket.socketpair()
+        with (
+            _sleepers(2) as (first, second),
+            theirs,
+            quiet.running(first, anyio.CancelScope()) as worker,
+            quiet.running(second, anyio.CancelScope()) as other,
+        ):
+            channel = await anyio.abc.UNIXSocketStream.from_socket(ours)
+            async with channel, anyio.create_task_group() as group:
+                alone = TimedAlone(quiet, worker, channel, group)
+                alone.phase("check")
+                await anyio.sleep(0.05)
+                assert _states([first, second], ["S", "S"]) == ["S", "S"]
+                alone.phase("bench")
+                granted = await anyio.to_thread.run_sync(
+                    protocol.receive_blocking, theirs, QuietGranted
+                )
+                assert granted == QuietGranted()
+                assert _states([first, second], ["S", "T"]) == ["S", "T"]
+                alone.done()
+                assert _states([second], ["S"]) == ["S"]
+                assert await quiet.acquire(other)  # the token is free again
+                quiet.release(other)
 
     _run(test)
 

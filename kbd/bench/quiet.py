@@ -8,10 +8,10 @@ by up to 1.8x (README, "Repeatability"). Import, pipeline, JIT and checks still 
 only timing is serialized.
 
 The protocol: a worker announces its `bench` phase (a `Phase` frame) and waits; the supervisor
-takes the token (`Quiet.acquire`), pauses the others and answers `QuietGranted`; the token goes
-back when the worker's result arrives or the worker ends. The scope is one supervisor process:
-the sweeps of a daemon's clients share one; separate `kbd` commands without a daemon do not
-coordinate.
+(`TimedAlone`) takes the token (`Quiet.acquire`), pauses the others and answers `QuietGranted`;
+the token goes back when the worker's result arrives or the worker ends. The scope is one
+supervisor process: the sweeps of a daemon's clients share one; separate `kbd` commands without
+a daemon do not coordinate.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ import signal
 from collections.abc import Callable, Iterator
 
 import anyio
+from anyio.abc import ByteSendStream, TaskGroup
 from anyio.lowlevel import RunVar
+
+from kbd import protocol
+from kbd.protocol import QuietGranted
 
 
 class Pausable:
@@ -102,6 +106,35 @@ class Quiet:
         for other in self._running:
             other.resume()
         self._token.release()
+
+
+class TimedAlone:
+    """The supervisor's side of the protocol for one worker whose job is timed alone: at its
+    bench phase, a task of `group` waits for the token and then tells the worker on `channel`
+    (`QuietGranted`); `done` gives the token back once the worker's result is in."""
+
+    def __init__(
+        self, quiet: Quiet, worker: Pausable, channel: ByteSendStream, group: TaskGroup
+    ) -> None:
+        self._quiet = quiet
+        self._worker = worker
+        self._channel = channel
+        self._group = group
+
+    def phase(self, name: str) -> None:
+        """The worker announced phase `name`."""
+        if name == "bench":
+            self._group.start_soon(self._grant)
+
+    async def _grant(self) -> None:
+        if await self._quiet.acquire(self._worker):
+            # A worker dead already ends without its grant; its exit is classified.
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                await self._channel.send(protocol.encode(QuietGranted()))
+
+    def done(self) -> None:
+        """The worker's result is in: its timing is over."""
+        self._quiet.release(self._worker)
 
 
 def _signal(pgid: int, sig: int) -> None:

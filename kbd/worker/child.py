@@ -35,7 +35,7 @@ def main(sock: socket.socket, parent: int) -> int:
     enforced = _apply_limits(job)
     quiet = threading.Event()
     threading.Thread(target=_listen, args=(sock, quiet), daemon=True).start()
-    alone = isinstance(job, Job) and job.bench is not None and job.bench.exclusive
+    alone = isinstance(job, Job) and job.timed_alone
 
     def announce(phase: str) -> None:
         print(f"[kbd] phase {phase}", file=sys.stderr, flush=True)
