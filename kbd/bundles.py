@@ -31,7 +31,16 @@ from kbd.daemon import identity
 from kbd.errors import InputError
 from kbd.outcome import Record
 from kbd.outcomes import Outcome
-from kbd.protocol import STAGE_INPUT, STAGE_SNAPSHOT, Identity, Job, Mode, Stage, StageSnapshot
+from kbd.protocol import (
+    STAGE_INPUT,
+    STAGE_SNAPSHOT,
+    Identity,
+    Job,
+    Mode,
+    Stage,
+    StageSnapshot,
+    is_pipeline_phase,
+)
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -82,10 +91,10 @@ def write(
     outcome, phase, signal, message = failure
     folder = (log_path.parent / (log_path.stem + SUFFIX)).resolve()
     shutil.rmtree(folder, ignore_errors=True)  # an earlier attempt's bundle is stale now
-    if outcome == "pass" or not phase.startswith("pipeline:"):
+    if outcome == "pass" or not is_pipeline_phase(phase):
         return None
     snapshot = _snapshot(job)
-    if snapshot is None or f"pipeline:{snapshot.stage.name}" != phase:
+    if snapshot is None or snapshot.stage.phase != phase:
         return None
     folder.mkdir(parents=True)
     stage = snapshot.stage

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 KEYS = ("filesystem", "network")
 NOT_ENFORCED = "not enforced: "
-SANDBOX_PHASE = "sandbox"
 
 
 def missing(limits: dict[str, str]) -> dict[str, str]:

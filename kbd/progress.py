@@ -11,12 +11,13 @@ from typing import TextIO
 from kbd.limits import format_size
 from kbd.outcome import Record
 from kbd.outcomes import format_counts
+from kbd.protocol import START_PHASE
 
 
 @dataclass
 class _Running:
     started: float
-    phase: str = "start"
+    phase: str = START_PHASE
     rss: int = 0
 
 

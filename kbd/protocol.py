@@ -37,6 +37,27 @@ class ProtocolError(Exception):
     """A peer sent something that is not a valid frame."""
 
 
+# --- phases ---------------------------------------------------------------------------------
+# A worker names each step it starts in a `Phase` heartbeat, and its `Result` and the record
+# keep the last one. These are the names the other side of a process boundary acts on, spelled
+# here once; the other steps (load, reference, import, jit, run, check, compile) are only shown
+# and recorded.
+
+START_PHASE = "start"  # no heartbeat yet: a worker (or a cluster agent's kernel) just started
+SANDBOX_PHASE = "sandbox"  # containment was required but not enforced (--require-sandbox)
+BENCH_PHASE = "bench"  # --benchmark; a job timed alone waits here for `QuietGranted`
+_PIPELINE_PHASE = "pipeline:"  # followed by the stage's name
+
+
+def pipeline_phase(stage_name: str) -> str:
+    """The phase of a pipeline stage (a pass or transform script), e.g. `pipeline:cse`."""
+    return _PIPELINE_PHASE + stage_name
+
+
+def is_pipeline_phase(phase: str) -> bool:
+    return phase.startswith(_PIPELINE_PHASE)
+
+
 # --- jobs -----------------------------------------------------------------------------------
 
 
@@ -56,6 +77,11 @@ class Stage(msgspec.Struct, frozen=True):
         if self.kind == "pass":
             return self.text.split("{", 1)[0].strip()
         return self.text.rsplit("/", 1)[-1]
+
+    @property
+    def phase(self) -> str:
+        """The phase a worker is in while it applies this stage."""
+        return pipeline_phase(self.name)
 
 
 class Scalar(msgspec.Struct, frozen=True, tag="scalar"):
@@ -258,7 +284,8 @@ Task = Job | Generate | Replay
 
 
 class Phase(msgspec.Struct, frozen=True, tag="phase"):
-    """Heartbeat sent before each step: load, import, pipeline:<stage>, jit, run, check, bench."""
+    """Heartbeat sent before each step: load, reference, import, pipeline:<stage>, jit, run,
+    check, bench (see the phase names above)."""
 
     name: str
 
@@ -359,7 +386,7 @@ WorkerMessage = Phase | Result | Imported | Library | Generated
 
 class QuietGranted(msgspec.Struct, frozen=True, tag="quiet"):
     """Supervisor to worker, after the task: the other workers are paused, time now (the answer
-    to a `Phase("bench")` of a job with `BenchOptions.exclusive`; kbd/bench/quiet.py)."""
+    to the `BENCH_PHASE` heartbeat of a job with `BenchOptions.exclusive`; kbd/bench/quiet.py)."""
 
 
 # --- supervisor <-> template ----------------------------------------------------------------

@@ -48,7 +48,7 @@ DRAIN_GRACE_S = 2.0
 class WorkerEnd:
     """What the supervisor saw of one worker, from spawn to reaping."""
 
-    phase: str = "start"
+    phase: str = protocol.START_PHASE
     result: Result | Generated | None = None  # the worker's answer to its task
     timed_out: bool = False
     memory_killed: bool = False

@@ -123,7 +123,7 @@ class TimedAlone:
 
     def phase(self, name: str) -> None:
         """The worker announced phase `name`."""
-        if name == "bench":
+        if name == protocol.BENCH_PHASE:
             self._group.start_soon(self._grant)
 
     async def _grant(self) -> None:

@@ -27,7 +27,7 @@ import kbd
 from kbd import compile_cache, limits, scheduler
 from kbd.cluster import versions, wire
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
-from kbd.protocol import Phase
+from kbd.protocol import START_PHASE, Phase
 from kbd.scheduler import Hooks, Planned
 from kbd.spawner import Spawner
 
@@ -98,7 +98,7 @@ class Agent:
     async def run(self, dispatch: bytes) -> AsyncIterator[bytes]:
         """Run one kernel: stream Phase events (the first one at once), then its Finished record."""
         task = wire.decode(dispatch, Dispatch)
-        yield wire.encode(Phase("start"))
+        yield wire.encode(Phase(START_PHASE))
         job = task.job
         if job.compile_cache is not None:  # compiled for this node's CPU: keyed by it
             cache = job.compile_cache

@@ -34,7 +34,7 @@ from kbd.errors import ClusterError
 from kbd.limits import format_size
 from kbd.outcome import Record, expect
 from kbd.progress import Progress
-from kbd.protocol import Phase
+from kbd.protocol import START_PHASE, Phase
 from kbd.scheduler import Hooks, Planned
 from kbd.spec import SweepSpec
 
@@ -226,7 +226,7 @@ async def _feed(node: _Node, queue: _Queue, stopping, lost, options, hooks) -> N
 async def _run_on(node: _Node, plan: Planned, queue: _Queue, lost, options, hooks) -> None:
     name = plan.label
     dispatch = Dispatch(entry=plan.entry, job=plan.job, memory=plan.memory, timeout=options.timeout)
-    accepted, phase, started = False, "start", time.monotonic()
+    accepted, phase, started = False, START_PHASE, time.monotonic()
     hooks.started(name)
     try:
         async for ref in node.actor.run.remote(wire.encode(dispatch)):

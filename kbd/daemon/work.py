@@ -32,6 +32,7 @@ from kbd.errors import InputError
 from kbd.limits import format_size
 from kbd.outcome import Record
 from kbd.protocol import (
+    START_PHASE,
     Accepted,
     Done,
     KernelFinished,
@@ -287,7 +288,7 @@ class Work:
 
     def _hooks(self, active: Active, store: Store | None) -> Hooks:
         def started(kernel: str) -> None:
-            active.running[kernel] = "start"
+            active.running[kernel] = START_PHASE
             active.broadcast(KernelStarted(kernel))
 
         def phase(kernel: str, name: str) -> None:

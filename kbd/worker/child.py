@@ -19,7 +19,17 @@ import threading
 import torch
 
 from kbd import containment, protocol
-from kbd.protocol import Generate, Job, Phase, QuietGranted, Replay, Result, Task
+from kbd.protocol import (
+    BENCH_PHASE,
+    SANDBOX_PHASE,
+    Generate,
+    Job,
+    Phase,
+    QuietGranted,
+    Replay,
+    Result,
+    Task,
+)
 from kbd.worker import generate, sandbox
 from kbd.worker import job as job_runner
 from kbd.worker.contain import contain
@@ -40,7 +50,7 @@ def main(sock: socket.socket, parent: int) -> int:
     def announce(phase: str) -> None:
         print(f"[kbd] phase {phase}", file=sys.stderr, flush=True)
         protocol.send_blocking(sock, Phase(phase))
-        if phase == "bench" and alone:
+        if phase == BENCH_PHASE and alone:
             quiet.wait()  # the supervisor pauses the other workers, then says so
 
     missing = containment.missing(enforced)
@@ -49,10 +59,10 @@ def main(sock: socket.socket, parent: int) -> int:
     elif isinstance(job, Replay):
         result = job_runner.replay(job, announce, enforced)
     elif job.limits.require_sandbox and missing:
-        announce(containment.SANDBOX_PHASE)
+        announce(SANDBOX_PHASE)
         result = Result(
             outcome="error",
-            phase=containment.SANDBOX_PHASE,
+            phase=SANDBOX_PHASE,
             message="containment required but not enforced: "
             + "; ".join(f"{key}: {reason}" for key, reason in missing.items()),
             limits_enforced=enforced,

@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 import torch
 
-from kbd.protocol import Imported, Job, Library, Replay, Result
+from kbd.protocol import BENCH_PHASE, Imported, Job, Library, Replay, Result, is_pipeline_phase
 from kbd.worker import (
     bench,
     cached_import,
@@ -52,7 +52,7 @@ class _Step:
         return self
 
     def __exit__(self, *exc):
-        key = "pipeline" if self.phase.startswith("pipeline:") else self.phase
+        key = "pipeline" if is_pipeline_phase(self.phase) else self.phase
         self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - self._start
         return False
 
@@ -271,8 +271,8 @@ def _checked(
     samples = None
     phase = "check"
     if result.passed and job.bench is not None and measure is not None:
-        phase = "bench"
-        with step("bench"):
+        phase = BENCH_PHASE
+        with step(BENCH_PHASE):
             samples, outputs = measure()
             # Validation stays on: the outputs left behind by timing must still match.
             result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)

@@ -58,7 +58,7 @@ class Pipeline:
             mlir.print_module(module, f"Original module: {where}", self.ir_stream())
         print_after = self.ir_stream() if self.inspect.print_after_all else None
         for index, stage in enumerate(self.stages):
-            with self.step(f"pipeline:{stage.name}"):  # the snapshot's cost is the stage's
+            with self.step(stage.phase):  # the snapshot's cost is the stage's
                 before = self._snapshot(index, stage, subgraph, module)
                 try:
                     mlir.apply_stage(module, stage, print_after=print_after)
@@ -109,7 +109,7 @@ def replay(task: Replay, step, limits_enforced: dict[str, str]) -> Result:
     `pipeline:<stage>`); a failing stage raises, as in a kernel's job."""
     with step("load"):
         module = mlir.parse_module(task.module)
-    with step(f"pipeline:{task.stage.name}"):
+    with step(task.stage.phase):
         mlir.apply_stage(module, task.stage)
     return Result(
         outcome="pass",
