@@ -73,6 +73,31 @@ def test_short_and_integer_sums_stay_one_reduction():
     assert exported_ops(Mean(), torch.rand(64, 64)) == ["aten.mean.default"]
 
 
+def _brute_block_length(n: int) -> int | None:
+    """block_length by its definition, trying every length."""
+    block = decompositions.BLOCK
+    fits = [b for b in range(1, block + 1) if n % b == 0 and n // b <= block]
+    return max(fits) if n > block and fits else None
+
+
+def test_sums_are_blocked_only_where_no_run_is_longer_than_a_block():
+    block = decompositions.BLOCK
+    cases = {
+        block: None,  # one run is short enough
+        3 * block: block,
+        1 << 26: block,  # 1024 blocks
+        block + 2: (block + 2) // 2,  # 2 * 3**2 * 11 * 331: 2 blocks of 32769
+        block * block: block,
+        2 * 65537: None,  # blocks of 2 would leave a run of 65537 block sums
+        65537: None,  # a prime
+        2 * block * block: None,  # too many blocks even at the longest
+    }
+    assert {n: decompositions.block_length(n) for n in cases} == cases
+    for n in [block + 1, 3 * 65537, 100_000, 7 * 11 * 13 * 17 * 19, 1_000_003, 48 * 4093]:
+        assert decompositions.block_length(n) == _brute_block_length(n), n
+    assert decompositions.sum_(torch.rand(2, 2 * 65537), [1]) is NotImplemented
+
+
 class Norms(torch.nn.Module):
     """Layer, group and instance norm of one input, each with a weight and bias."""
 

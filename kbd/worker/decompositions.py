@@ -9,11 +9,13 @@ Floating-point `sum` and `mean` over many elements are summed in blocks: the lin
 adds the elements into one f32 accumulator in sequence, whose error grows with the count (at
 2^26 elements of U(0,1)^2 it is 18%, against 2e-8 for eager's cascade sum: the running sum
 outgrows the addends' precision). Reduced one dimension at a time, innermost first, and a
-dimension longer than `BLOCK` split into blocks of at most `BLOCK`, no sequential run is longer
-than `BLOCK` (2e-6 at 2^26).
+dimension longer than `BLOCK` split into at most `BLOCK` blocks of at most `BLOCK` (each block
+summed, then the block sums), no sequential run is longer than `BLOCK` (2e-6 at 2^26).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -56,22 +58,40 @@ BLOCK = 1 << 16  # the longest run of elements summed into one f32 accumulator
 _FLOATS = (torch.float32, torch.float64)
 
 
-def _block(n: int) -> int | None:
-    """The longest block (at most BLOCK, at least 2) that divides a dimension of n > BLOCK."""
-    if n <= BLOCK:
+def block_length(n: int) -> int | None:
+    """How n > BLOCK elements are summed with no sequential run longer than BLOCK: the longest
+    block b <= BLOCK that divides them into n / b <= BLOCK blocks (each block is summed, then
+    the block sums). None when n <= BLOCK, or when no such block exists (n has a prime factor
+    above BLOCK, or n > BLOCK**2): then they are summed in one run."""
+    if n <= BLOCK or n > BLOCK * BLOCK:
         return None
-    return next((b for b in range(BLOCK, 1, -1) if n % b == 0), None)
+    return max((b for b in _divisors(n) if b <= BLOCK and n // b <= BLOCK), default=None)
+
+
+def _divisors(n: int) -> set[int]:
+    """Every divisor of n, from its prime factors (trial division up to the square root of
+    what is left: a few steps for the sizes of real tensors)."""
+    divisors = {1}
+    rest, factor = n, 2
+    while factor * factor <= rest:
+        while rest % factor == 0:
+            rest //= factor
+            divisors |= {d * factor for d in divisors}
+        factor += 1
+    if rest > 1:  # a prime factor above the square root
+        divisors |= {d * rest for d in divisors}
+    return divisors
 
 
 def _sum_dim(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over `dim` (kept, size 1), in blocks when it is longer than BLOCK."""
     n = x.shape[dim]
-    block = _block(n)
+    block = block_length(n)
     if block is None:
         return torch.sum(x, [dim], keepdim=True)  # kept as it is (see `_blocked_sum`)
     shape = list(x.shape)
-    x = torch.sum(x.reshape([*shape[:dim], n // block, block, *shape[dim + 1 :]]), [dim + 1])
-    return _sum_dim(x, dim)
+    blocks = x.reshape([*shape[:dim], n // block, block, *shape[dim + 1 :]])
+    return torch.sum(torch.sum(blocks, [dim + 1]), [dim], keepdim=True)
 
 
 def _blocked_sum(x, dim, keepdim, dtype):
@@ -80,13 +100,11 @@ def _blocked_sum(x, dim, keepdim, dtype):
     if x.dim() == 0 or (dtype is not None and dtype != x.dtype):
         return NotImplemented  # nothing to split; or a conversion first (rare)
     dims = sorted({d % x.dim() for d in dim} if dim else range(x.dim()))
-    count = 1
-    for d in dims:
-        count *= x.shape[d]
+    count = math.prod(x.shape[d] for d in dims)
     if x.dtype not in _FLOATS or count <= BLOCK:
         return NotImplemented
-    if len(dims) == 1 and _block(count) is None:
-        return NotImplemented  # no divisor: one sequential reduction after all
+    if len(dims) == 1 and block_length(count) is None:
+        return NotImplemented  # no blocks that fit: one sequential reduction after all
     summed = x
     for d in reversed(dims):  # innermost first: the reshapes keep outer dims in place
         summed = _sum_dim(summed, d)

@@ -8,7 +8,8 @@ six passes over the input and two tensors of twice its size. Here each norm is, 
 (the elements one mean and one variance describe):
 
 1. the mean: a sum of the row in f32, in blocks of at most `decompositions.BLOCK` elements when
-   the row is longer (each block summed on its own, then the block sums), as kbd's blocked `sum`;
+   the row is longer (each block summed on its own, then the block sums; blocks as
+   `decompositions.block_length` finds them for kbd's blocked `sum`);
 2. the variance: the sum of squared deviations from that mean (two passes are exact where
    one-pass sums of x and x^2 lose the variance to cancellation), in the same blocks;
 3. the result: `(x - mean) * scale + bias` in the input's shape, where `scale = rstd * weight`
@@ -26,7 +27,7 @@ import math
 
 import torch
 
-from kbd.worker.decompositions import _block
+from kbd.worker.decompositions import block_length
 
 aten = torch.ops.aten
 _FLOATS = (torch.float32, torch.float64)
@@ -35,7 +36,7 @@ _FLOATS = (torch.float32, torch.float64)
 def _moments(rows: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and 1/sqrt(variance + eps) of each row of a [R, n] tensor, as [R] tensors."""
     count, n = rows.shape
-    block = _block(n)
+    block = block_length(n)
     # [R, n/block, block]: each run of at most BLOCK elements has its own sum.
     blocks = rows.reshape(count, n // block, block) if block else rows.reshape(count, 1, n)
     mean = blocks.sum(-1).sum(-1) / n
