@@ -439,6 +439,34 @@ def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_
     assert "linalg.matmul" not in scheduled and "vector.reduction" in scheduled
 
 
+@pytest.mark.skipif(ARCH != "x86_64", reason="the softmax schedule is x86_64's")
+def test_a_softmax_kernel_with_two_block_loops_passes_with_its_schedule(tmp_path):
+    """A softmax and a log-softmax returned together: rows.mlir tiles each result into its own
+    scf.forall and vectorizes the ops of each (a `match ... in` both at once would fail)."""
+    kernel = "level1/10_softmax_log_softmax"
+    spec = importlib.util.spec_from_file_location("fixture", FIXTURE_KB / f"{kernel}.py")
+    fixture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixture)
+    family = families.family_of(fixture.Model(), fixture.get_inputs())
+    assert family == "softmax"
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(
+        f"- kernel: {kernel}.py\n  input_shapes: [16x100]\n"
+        f"  initializations: [randn]\n  family: {family}\n"
+    )
+    dump = tmp_path / "ir.mlir"
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
+    args += ["--print-mlir-after-all", "--print-to", str(dump)]
+    result = kbd("run", *args, "--schedules", "family", cwd=tmp_path)
+    record = json_records(result.stdout)[kernel]
+    assert record["outcome"] == "pass", result.stderr
+    assert record["pipeline"] == "x86_64/softmax/f32.yaml"
+    dumps = dump.read_text().split("// -----// ")[1:]
+    scheduled = next(d for d in dumps if d.startswith("IR Dump After transform rows.mlir"))
+    blocks = scheduled.split("= scf.forall (")[1:]  # the ops of each block, then the rest
+    assert len(blocks) == 2 and all("vector.reduction" in block for block in blocks)
+
+
 class Exp(torch.nn.Module):
     def forward(self, x):
         return torch.exp(x)

@@ -41,61 +41,66 @@ module attributes {transform.with_named_sequence} {
     transform.apply_cse to %fused : !transform.any_op
     %blocks = transform.structured.match ops{["scf.forall"]} in %fused
       : (!transform.any_op) -> !transform.any_op
-    // Inner-dim reductions of 3-D ops (and 3-D element-wise ops): $wide lanes of the last dim,
-    // one step of the middle dim at a time. With keepdim the block's op has a unit dim more.
-    %generics4 = transform.structured.match ops{["linalg.generic"]} in %blocks
-      : (!transform.any_op) -> !transform.any_op
-    transform.foreach %generics4 : !transform.any_op {
-    ^bb0(%op: !transform.any_op):
-      transform.sequence %op : !transform.any_op failures(suppress) {
-      ^bb1(%candidate: !transform.any_op):
-        %columns, %loop = transform.structured.tile_using_for %candidate
-            tile_sizes [0, 0, 0, $wide]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-        %step, %inner = transform.structured.tile_using_for %columns tile_sizes [0, 0, 1, 0]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-        transform.structured.vectorize %step vector_sizes [$rows, 1, 1, $wide]
-          : !transform.any_op
+    // One block at a time: `match ... in` takes exactly one op (a function returning several
+    // results has an scf.forall for each).
+    transform.foreach %blocks : !transform.any_op {
+    ^bb0(%block: !transform.any_op):
+      // Inner-dim reductions of 3-D ops (and 3-D element-wise ops): $wide lanes of the last dim,
+      // one step of the middle dim at a time. With keepdim the block's op has a unit dim more.
+      %generics4 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %generics4 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %columns, %loop = transform.structured.tile_using_for %candidate
+              tile_sizes [0, 0, 0, $wide]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %step, %inner = transform.structured.tile_using_for %columns tile_sizes [0, 0, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %step vector_sizes [$rows, 1, 1, $wide]
+            : !transform.any_op
+        }
       }
-    }
-    %generics3 = transform.structured.match ops{["linalg.generic"]} in %blocks
-      : (!transform.any_op) -> !transform.any_op
-    transform.foreach %generics3 : !transform.any_op {
-    ^bb0(%op: !transform.any_op):
-      transform.sequence %op : !transform.any_op failures(suppress) {
-      ^bb1(%candidate: !transform.any_op):
-        %columns, %loop = transform.structured.tile_using_for %candidate tile_sizes [0, 0, $wide]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-        %step, %inner = transform.structured.tile_using_for %columns tile_sizes [0, 1, 0]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-        transform.structured.vectorize %step vector_sizes [$rows, 1, $wide] : !transform.any_op
+      %generics3 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %generics3 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %columns, %loop = transform.structured.tile_using_for %candidate tile_sizes [0, 0, $wide]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %step, %inner = transform.structured.tile_using_for %columns tile_sizes [0, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %step vector_sizes [$rows, 1, $wide] : !transform.any_op
+        }
       }
-    }
-    // Last-dim reductions: $width partial results per row, combined after the loop.
-    %generics2 = transform.structured.match ops{["linalg.generic"]} in %blocks
-      : (!transform.any_op) -> !transform.any_op
-    transform.foreach %generics2 : !transform.any_op {
-    ^bb0(%op: !transform.any_op):
-      transform.sequence %op : !transform.any_op failures(suppress) {
-      ^bb1(%candidate: !transform.any_op):
-        %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for
-            %candidate by tile_sizes = [0, $width]
-          : (!transform.any_op)
-          -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-        transform.structured.vectorize %partial vector_sizes [$rows, $width] : !transform.any_op
-        transform.structured.vectorize %combine vector_sizes [$rows, $width] : !transform.any_op
+      // Last-dim reductions: $width partial results per row, combined after the loop.
+      %generics2 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %generics2 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for
+              %candidate by tile_sizes = [0, $width]
+            : (!transform.any_op)
+            -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+          transform.structured.vectorize %partial vector_sizes [$rows, $width] : !transform.any_op
+          transform.structured.vectorize %combine vector_sizes [$rows, $width] : !transform.any_op
+        }
       }
-    }
-    // Everything else of a 2-D block: $width-wide chunks of the last dim.
-    %rest = transform.structured.match ops{["linalg.generic"]} in %blocks
-      : (!transform.any_op) -> !transform.any_op
-    transform.foreach %rest : !transform.any_op {
-    ^bb0(%op: !transform.any_op):
-      transform.sequence %op : !transform.any_op failures(suppress) {
-      ^bb1(%candidate: !transform.any_op):
-        %chunk, %loop = transform.structured.tile_using_for %candidate tile_sizes [0, $width]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-        transform.structured.vectorize %chunk vector_sizes [$rows, $width] : !transform.any_op
+      // Everything else of a 2-D block: $width-wide chunks of the last dim.
+      %rest = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %rest : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %chunk, %loop = transform.structured.tile_using_for %candidate tile_sizes [0, $width]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %chunk vector_sizes [$rows, $width] : !transform.any_op
+        }
       }
     }
     // Keep accumulators in registers across their loops; lower what vectorization left.
