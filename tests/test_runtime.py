@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kbd.worker import runtime
+from tests.conftest import FIXTURE_KB, json_records, kbd
 
 COPY = runtime.SYMBOLS["memrefCopy"]
 
@@ -133,6 +134,40 @@ def test_copies_raw_bytes_of_any_element_size(elem_size):
     dst = np.zeros_like(src)
     copy(contiguous(src), contiguous(dst), elem_size)
     assert dst.tobytes() == src.tobytes()
+
+
+def test_a_buffer_that_was_not_allocated_is_a_memory_error_for_the_failure_handler():
+    """Lowered code does not check what malloc returned: a NULL buffer reaches memrefCopy,
+    which must not write through it (SIGSEGV) but hand the worker a MemoryError."""
+    src = np.arange(6, dtype=np.float32).reshape(2, 3)
+    null = (ctypes.c_int64 * 7)(0, 0, 0, 2, 3, 3, 1)
+    not_allocated = runtime._UnrankedMemRef(2, ctypes.addressof(null))
+    source, target = contiguous(src), contiguous(np.zeros_like(src))
+    failures: list[BaseException] = []
+    with runtime.on_failure(failures.append):  # the worker's handler does not return
+        COPY(4, ctypes.byref(source.unranked), ctypes.byref(not_allocated))
+        COPY(4, ctypes.byref(not_allocated), ctypes.byref(target.unranked))
+    assert [type(f) for f in failures] == [MemoryError, MemoryError]
+    assert [str(f) for f in failures] == [
+        "memrefCopy: its destination (2x3, 4-byte elements) was not allocated",
+        "memrefCopy: its source (2x3, 4-byte elements) was not allocated",
+    ]
+
+
+def test_a_copy_into_a_buffer_malloc_did_not_give_ends_the_kernel_as_memory(tmp_path):
+    """A real kernel under a real --mem-limit: traced, it concatenates 64 copies of its input
+    (4 GiB), whose malloc fails under the cap; compiled code fills that buffer with memrefCopy
+    first, which ends the kernel as `memory` in its run phase (it was a SIGSEGV crash)."""
+    levels = tmp_path / "levels.yaml"
+    levels.write_text("- kernel: level9/19_copy_hog_traced.py\n")
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
+    result = kbd("run", *args, "-O", "0", "--mem-limit", "1GiB", cwd=tmp_path)
+    record = json_records(result.stdout)["level9/19_copy_hog_traced"]
+    assert (record["outcome"], record["phase"], record["signal"]) == ("memory", "run", None)
+    assert record["message"] == (
+        "MemoryError: memrefCopy: its destination (4096x4096, 4-byte elements) was not "
+        "allocated (limit 1.0 GiB)"
+    )
 
 
 def test_openmp_runtime_gets_one_thread_per_pinned_core():

@@ -10,11 +10,13 @@ after the task is `QuietGranted`: a job benchmarked alone waits for it at its be
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import signal
 import socket
 import sys
 import threading
+from typing import NoReturn
 
 import torch
 
@@ -69,12 +71,28 @@ def main(sock: socket.socket, parent: int) -> int:
         )
     else:
         result = job_runner.run(
-            job, announce, enforced, lambda message: protocol.send_blocking(sock, message)
+            job,
+            announce,
+            enforced,
+            lambda message: protocol.send_blocking(sock, message),
+            functools.partial(_end, sock),
         )
+    _report(sock, result)
+    return 0
+
+
+def _report(sock: socket.socket, result: Result) -> None:
+    """Send the task's result, once what the task printed is in the log."""
     sys.stdout.flush()
     sys.stderr.flush()
     protocol.send_blocking(sock, result)
-    return 0
+
+
+def _end(sock: socket.socket, result: Result) -> NoReturn:
+    """Report `result` and exit at once: from where the task cannot be returned to (compiled
+    code that called a failing runtime symbol, kbd.worker.runtime)."""
+    _report(sock, result)
+    os._exit(0)
 
 
 def _apply_limits(job: Task) -> dict[str, str]:

@@ -13,6 +13,7 @@ import dataclasses
 import time
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 import msgspec
 import numpy as np
@@ -61,17 +62,21 @@ def run(
     job: Job,
     announce: Callable[[str], None],
     limits_enforced: dict[str, str],
-    send: Callable[[Imported | Library], None] = lambda message: None,
+    send: Callable[[Imported | Library], None],
+    end: Callable[[Result], NoReturn],
 ) -> Result:
     """Run the job and return its result; never raises for a kernel's own failure.
 
     `send` carries a freshly imported module to the supervisor's import cache, and a freshly
-    compiled library to its compile cache."""
+    compiled library to its compile cache. `end` reports a result and ends the worker: for a
+    runtime symbol that fails inside compiled code (an allocation that failed under the memory
+    cap ends as `memory`, as a MemoryError raised here does)."""
     step = _Step(announce)
-    try:
-        return _run(job, step, limits_enforced, send)
-    except BaseException as exc:  # the kernel's failure, whatever it raises, is data
-        return _failure(exc, step, limits_enforced)
+    with runtime.on_failure(lambda exc: end(_failure(exc, step, limits_enforced))):
+        try:
+            return _run(job, step, limits_enforced, send, end)
+        except BaseException as exc:  # the kernel's failure, whatever it raises, is data
+            return _failure(exc, step, limits_enforced)
 
 
 def replay(
@@ -85,7 +90,7 @@ def replay(
         return _failure(exc, step, limits_enforced)
 
 
-def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result:
+def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> Result:
     with step("load"):
         ingress.seed_everything(job.seed)
         problem = ingress.load_problem(job.source, job.source_text)
@@ -101,7 +106,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
     with step("reference"):
         eager = _Eager.run(model, args)
     if job.mode == "compile":
-        return _run_compile(job, step, model, args, eager, limits_enforced)
+        return _run_compile(job, step, model, args, eager, limits_enforced, end)
     eager_model, eager_args = model, args  # what --benchmark times eager with
     with step("import"):
         if eager.random:  # random ops in forward take eager's draws as extra inputs
@@ -163,7 +168,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send) -> Result
     )
 
 
-def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enforced) -> Result:
+def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enforced, end) -> Result:
     """Compile mode: torch.compile with kbd's Dynamo backend, one forward to compile (its
     subgraphs run in eager) and one, profiled, that runs the compiled code and whose outputs are
     checked. Both start from eager's RNG and buffer state."""
@@ -172,15 +177,21 @@ def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enfor
     dynamo.configure()
     pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
     backend = dynamo.Backend(pipeline, job.kernel, job.opt_level, step)
-    try:
-        return _compile_and_check(job, step, model, args, eager, limits_enforced, backend)
-    except BaseException as exc:  # a failure still records what was compiled until then
+
+    def failed(exc: BaseException) -> Result:
+        """A failure still records what was compiled until then."""
         return msgspec.structs.replace(
             _failure(backend.error or exc, step, limits_enforced),
             coverage=dynamo.coverage(backend, {}, finished=False),
             random_inputs=backend.random_inputs,
             state_writes=backend.state_writes,
         )
+
+    with runtime.on_failure(lambda exc: end(failed(exc))):
+        try:
+            return _compile_and_check(job, step, model, args, eager, limits_enforced, backend)
+        except BaseException as exc:
+            return failed(exc)
 
 
 def _compile_and_check(

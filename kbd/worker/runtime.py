@@ -8,14 +8,25 @@ that lowers to OpenMP, with as many threads as the worker has pinned cores.
 Upstream these live in libmlir_c_runner_utils, which the wheel lacks. Lowered code calls them by
 their plain C name (`memrefCopy`), so they are registered with `raw_register_runtime`; the
 convenience `register_runtime` would prepend `_mlir_ciface_` and never match.
+
+A symbol that fails cannot raise into the compiled code that called it, nor return: that code
+would go on with a buffer that was never allocated (lowered `memref.alloc` does not check what
+malloc returned: a failed allocation under the memory cap is a NULL buffer) or never filled.
+Inside `on_failure(handler)` (the worker's job) the failure goes to `handler`, which ends the
+process with the failure as its result: an allocation failure ends as `memory`, as a Python
+`MemoryError` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -24,8 +35,9 @@ class _UnrankedMemRef(ctypes.Structure):
     _fields_ = [("rank", ctypes.c_int64), ("descriptor", ctypes.c_void_p)]
 
 
-def _strided_view(memref: _UnrankedMemRef, elem_size: int) -> np.ndarray:
-    """A numpy view (raw bytes per element) of a ranked memref descriptor.
+def _strided_view(memref: _UnrankedMemRef, elem_size: int, what: str) -> np.ndarray:
+    """A numpy view (raw bytes per element) of a ranked memref descriptor; MemoryError for a
+    buffer that was not allocated (`what` names it in the message).
 
     Descriptor layout: allocated ptr, aligned ptr, offset, sizes[rank], strides[rank].
     """
@@ -37,6 +49,9 @@ def _strided_view(memref: _UnrankedMemRef, elem_size: int) -> np.ndarray:
     start = aligned + offset * elem_size
     if 0 in sizes:
         return np.empty(sizes, dtype=f"V{elem_size}")
+    if aligned == 0:  # malloc returned NULL and the compiled code went on
+        shape = "x".join(map(str, sizes)) or "scalar"
+        raise MemoryError(f"{what} ({shape}, {elem_size}-byte elements) was not allocated")
     span = elem_size + sum((n - 1) * abs(s) for n, s in zip(sizes, strides, strict=True))
     lowest = start + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if s < 0)
     raw = (ctypes.c_char * span).from_address(lowest)
@@ -45,9 +60,38 @@ def _strided_view(memref: _UnrankedMemRef, elem_size: int) -> np.ndarray:
 
 
 def _memref_copy(elem_size: int, src, dst) -> None:
-    source = _strided_view(src.contents, elem_size)
-    target = _strided_view(dst.contents, elem_size)
-    np.copyto(target, source)
+    try:
+        source = _strided_view(src.contents, elem_size, "memrefCopy: its source")
+        target = _strided_view(dst.contents, elem_size, "memrefCopy: its destination")
+        np.copyto(target, source)
+    except BaseException as exc:
+        _fail("memrefCopy", exc)
+
+
+_handler: Callable[[BaseException], NoReturn] | None = None
+_failing = threading.Lock()  # compiled code may call from several threads: one failure ends it
+
+
+@contextlib.contextmanager
+def on_failure(handler: Callable[[BaseException], NoReturn]) -> Iterator[None]:
+    """While inside, a runtime symbol that fails calls `handler` with the exception, from the
+    thread that called the symbol; `handler` must not return (see the module docstring).
+    Outside, the handler of an enclosing `on_failure` applies; outside all, ctypes prints the
+    exception and the symbol returns."""
+    global _handler
+    outer, _handler = _handler, handler
+    try:
+        yield
+    finally:
+        _handler = outer
+
+
+def _fail(symbol: str, exc: BaseException) -> None:
+    exc.add_note(f"(in kbd's runtime symbol {symbol}, called by compiled code)")
+    with _failing:  # held until the process ends: a second failure waits for that
+        if _handler is None:
+            raise exc
+        _handler(exc)
 
 
 _MEMREF_COPY_TYPE = ctypes.CFUNCTYPE(
