@@ -14,7 +14,14 @@ from kbd.outcomes import Outcome, is_failure
 from kbd.protocol import Coverage, Mode, Result
 
 LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
-_LLVM_OOM = ("LLVM ERROR: out of memory", "Allocation failed", "std::bad_alloc")
+# An LLVM abort that is an allocation failure. RuntimeDyld (the JIT's linker) says "Unable to
+# allocate section memory!" when its memory manager's mmap fails: under --mem-limit, RLIMIT_DATA.
+_LLVM_OOM = (
+    "LLVM ERROR: out of memory",
+    "Allocation failed",
+    "std::bad_alloc",
+    "LLVM ERROR: Unable to allocate section memory",
+)
 
 
 class Record(msgspec.Struct, kw_only=True):

@@ -73,7 +73,12 @@ def test_sigabrt_with_llvm_error():
 
 @pytest.mark.parametrize(
     "llvm_error",
-    ["LLVM ERROR: out of memory", "terminate: std::bad_alloc", "LLVM ERROR: Allocation failed"],
+    [
+        "LLVM ERROR: out of memory",
+        "terminate: std::bad_alloc",
+        "LLVM ERROR: Allocation failed",
+        "LLVM ERROR: Unable to allocate section memory!",  # the JIT's code under the cap
+    ],
 )
 def test_sigabrt_out_of_memory(llvm_error):
     death = Death(returncode=-6, last_phase="jit", llvm_error=llvm_error, mem_limit=1 << 30)
