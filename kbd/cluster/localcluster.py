@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,8 @@ from pathlib import Path
 import psutil
 
 NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0", "RAY_worker_niceness": "0"}
+PORT_ATTEMPTS = 3
+_PORT_TAKEN = re.compile(r"port number \d+ that is used|[Aa]ddress already in use")
 
 
 class LocalCluster:
@@ -48,8 +51,25 @@ class LocalCluster:
         self.stop()
 
     def add_node(self, cores: tuple[int, ...], env: dict[str, str] | None = None) -> None:
-        """Start one more node (the first one is the head) on `cores`."""
-        head = self.started == 0
+        """Start one more node (the first one is the head) on `cores`.
+
+        Ports are picked free, then bound by Ray a moment later; another cluster starting at the
+        same time (two test modules, two users) can take one meanwhile, and Ray then refuses
+        ("trying to use a port number ... that is used by other components"). Such a start is
+        tried again with fresh ports, up to PORT_ATTEMPTS times."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            result = self._start_node(cores, env)
+            if result.returncode == 0:
+                break
+            output = f"{result.stdout}\n{result.stderr}"
+            if attempt == PORT_ATTEMPTS or not _PORT_TAKEN.search(output):
+                raise RuntimeError(f"ray start failed:\n{output}")
+            if self.started == 0:  # the head's own port may be the one taken
+                self.address = f"127.0.0.1:{_free_port()}"
+        self.started += 1
+        self.wait_for_nodes(self.started)
+
+    def _start_node(self, cores: tuple[int, ...], env: dict[str, str] | None):
         command = [
             "taskset", "-c", ",".join(map(str, cores)),
             str(Path(sys.executable).with_name("ray")), "start",
@@ -62,13 +82,13 @@ class LocalCluster:
             "--metrics-export-port", str(_free_port()),
             "--runtime-env-agent-port", str(_free_port()),
         ]  # fmt: skip
-        if head:
+        if self.started == 0:
             port = self.address.rsplit(":", 1)[1]
             command += ["--head", "--port", port, "--include-dashboard", "false"]
             command += ["--temp-dir", str(self.temp_dir)]
         else:
             command += ["--address", self.address]
-        result = subprocess.run(
+        return subprocess.run(
             command,
             env={**self.env, **(env or {})},
             capture_output=True,
@@ -76,10 +96,6 @@ class LocalCluster:
             timeout=120,
             start_new_session=True,
         )
-        if result.returncode != 0:
-            raise RuntimeError(f"ray start failed:\n{result.stdout}\n{result.stderr}")
-        self.started += 1
-        self.wait_for_nodes(self.started)
 
     def wait_for_nodes(self, count: int, timeout: float = 60.0) -> None:
         """Wait until `count` nodes are alive (asked through `ray status`-free Python: GCS)."""
@@ -92,7 +108,7 @@ class LocalCluster:
 
     def alive_nodes(self) -> int:
         """Raylets of this cluster that are running."""
-        return sum(1 for p in self.processes() if p.name() == "raylet")
+        return sum(1 for p in self.processes() if _name(p) == "raylet")
 
     def processes(self) -> list[psutil.Process]:
         """Every process of this cluster: those whose command line names its temp dir, and
@@ -126,3 +142,11 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _name(proc: psutil.Process) -> str | None:
+    """The process's name, or None when it has just exited."""
+    try:
+        return proc.name()
+    except psutil.Error:
+        return None
