@@ -172,24 +172,15 @@ def combine(runs: Sequence[BenchSamples], gflop: float | None) -> Benchmark:
         budget_hit=any(run.budget_hit for run in runs),
         loop=first.loop,
     )
-    compiled = side(pooled.compiled_ns, pooled.compiled_batch, gflop)
-    eager = side(pooled.eager_ns, pooled.eager_batch, gflop)
+    figures = summarize(pooled, gflop)  # per-side figures and the pooled bootstrap interval
     logs = [math.log(median(run.eager_ns) / median(run.compiled_ns)) for run in runs]
     centre = math.fsum(logs) / len(logs)
     half = t975(len(logs) - 1) * _stdev(logs, centre) / math.sqrt(len(logs))
-    pooled_low, pooled_high = paired_speedup_interval(pooled.compiled_ns, pooled.eager_ns)
-    return Benchmark(
-        compiled=compiled,
-        eager=eager,
+    return msgspec.structs.replace(
+        figures,
         speedup=math.exp(centre),
-        speedup_low=min(math.exp(centre - half), pooled_low),
-        speedup_high=max(math.exp(centre + half), pooled_high),
-        unstable=max(compiled.spread, eager.spread) > UNSTABLE_SPREAD,
-        overhead_ns=pooled.overhead_ns,
-        threads=pooled.threads,
-        budget_hit=pooled.budget_hit,
-        samples=pooled,
-        loop=pooled.loop,
+        speedup_low=min(math.exp(centre - half), figures.speedup_low),
+        speedup_high=max(math.exp(centre + half), figures.speedup_high),
         processes=[min(len(run.compiled_ns), len(run.eager_ns)) for run in runs],
     )
 
