@@ -48,7 +48,7 @@ def agents(cluster: LocalCluster) -> dict[psutil.Process, list[psutil.Process]]:
     """kbd agents of `cluster` (actor processes of its raylets that started a kbd template) ->
     their template's workers. Only this cluster's: other kbd processes on the machine are not
     ours to touch."""
-    raylets = {p.pid for p in cluster.processes() if _name(p) == "raylet"}
+    raylets = {p.pid for p in cluster.raylets()}
     found = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
@@ -81,11 +81,3 @@ def wait_for(predicate, timeout: float):
             return value
         time.sleep(0.1)
     return None
-
-
-def _name(proc: psutil.Process) -> str | None:
-    """The process's name, or None when it has just exited (the cluster's processes come and go)."""
-    try:
-        return proc.name()
-    except psutil.Error:
-        return None

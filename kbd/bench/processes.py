@@ -66,5 +66,5 @@ def _merged(records: list[Record], gflops: float | None) -> Record:
         wall_s=round(sum(r.wall_s for r in records), 3),
         peak_rss_bytes=max(peaks) if peaks else None,
         times=times,
-        bench=stats.combine([r.bench.samples for r in records if r.bench], gflops),
+        bench=stats.combine([r.bench.samples for r in records], gflops),
     )

@@ -108,7 +108,11 @@ class LocalCluster:
 
     def alive_nodes(self) -> int:
         """Raylets of this cluster that are running."""
-        return sum(1 for p in self.processes() if _name(p) == "raylet")
+        return len(self.raylets())
+
+    def raylets(self) -> list[psutil.Process]:
+        """This cluster's raylet processes (one per node)."""
+        return [p for p in self.processes() if _name(p) == "raylet"]
 
     def processes(self) -> list[psutil.Process]:
         """Every process of this cluster: those whose command line names its temp dir, and
