@@ -408,7 +408,8 @@ def test_schedules_never_see_the_timing_loops(tmp_path: Path):
     the timing loops are added after the pipeline, so it works with --benchmark too; in compile
     mode the schedule's OpenMP loops run in each subgraph. One run, both modes."""
     schedule = Path(__file__).resolve().parent.parent / "schedules/x86_64/matmul/f32.yaml"
-    quick = ["--bench-time", "0.01", "--bench-samples", "2", "--pipeline", str(schedule)]
+    quick = ["--bench-time", "0.01", "--bench-samples", "2", "--bench-processes", "1"]
+    quick += ["--pipeline", str(schedule)]
     selection = fixture_args("level1/1_", "--benchmark", "--mode", "both", *quick)
     result = kbd("run", "--json", *selection, cwd=tmp_path)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

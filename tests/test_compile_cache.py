@@ -113,6 +113,7 @@ def test_reruns_use_both_caches_with_the_same_results(tmp_path):
     kernels = ("level1/1_", "level1/2_", "level9/1_", "level7/5_")
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), *kernels, "--json"]
     args += ["-j", "2", "-O", "1", "--benchmark", "--bench-time", "0", "--bench-samples", "1"]
+    args += ["--bench-processes", "1"]  # the caches, not the processes (test_bench.py), are tested
     first = json_records(kbd("run", *args, cwd=tmp_path).stdout)
     assert {r["compile_cache"] for r in first.values()} == {"miss"}
     assert {r["import_cache"] for r in first.values()} == {"miss"}

@@ -167,6 +167,7 @@ def test_benchmark_in_both_modes(tmp_path):
     """Compile mode times the whole compiled forward from Python; both modes' figures are stored
     and shown side by side, in the fast_p table, the HTML page and `kbd compare`."""
     quick = ["--benchmark", "--bench-time", "0.02", "--bench-samples", "3"]
+    quick += ["--bench-processes", "2"]  # not the default 3: still merges processes, in both modes
     selection = ["level7/1_", "level7/5_", "level9/1_", "--mode", "both", "-j", "2", *quick]
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(COMPILE_LEVELS), *selection]
     result = kbd("sweep", *args, "--timeout", "60", cwd=tmp_path)

@@ -199,7 +199,8 @@ def test_timed_alone_grants_the_token_at_the_bench_phase_and_gives_it_back_when_
 @pytest.mark.parametrize("alone", [True, False])
 def test_benchmark_sweeps_at_two_jobs_end_with_figures_either_way(tmp_path: Path, alone: bool):
     """End to end: the workers wait for (or, with --bench-concurrently, skip) the grant."""
-    quick = ["--bench-time", "0.05", "--bench-samples", "3"]
+    # One process per kernel: the grant is what is tested here (processes: test_bench.py).
+    quick = ["--bench-time", "0.05", "--bench-samples", "3", "--bench-processes", "1"]
     option = [] if alone else ["--bench-concurrently"]
     selection = fixture_args("level1/2_", "level1/3_", "-j", "2", "--benchmark", *quick, *option)
     result = kbd("sweep", *selection, cwd=tmp_path)
