@@ -162,9 +162,12 @@ class BenchOptions(msgspec.Struct, frozen=True):
     # Separate worker processes the kernel is timed in (kbd/bench/processes.py); the minimum
     # time and samples and the budget above are the kernel's, shared out among them.
     processes: int = 3
+    # Run and check the kernel once before timing it. A kernel's further processes skip that
+    # (it passed in the first, with the same code); the check after timing validates each.
+    check_first: bool = True
 
-    def per_process(self) -> BenchOptions:
-        """What each of the `processes` workers is asked to measure."""
+    def per_process(self, index: int) -> BenchOptions:
+        """What the `processes` workers' number `index` (from 0) is asked to measure."""
         n = self.processes
         return BenchOptions(
             min_time_s=self.min_time_s / n,
@@ -172,6 +175,7 @@ class BenchOptions(msgspec.Struct, frozen=True):
             budget_s=self.budget_s / n,
             exclusive=self.exclusive,
             processes=1,
+            check_first=index == 0,
         )
 
 

@@ -138,10 +138,11 @@ def test_processes_that_agree_keep_the_interval_of_the_pooled_samples():
 
 
 def test_each_process_is_asked_for_its_share_of_the_time_samples_and_budget():
-    share = BenchOptions(min_time_s=1.0, min_samples=10, budget_s=20.0, processes=3).per_process()
-    assert share == BenchOptions(
-        min_time_s=pytest.approx(1 / 3), min_samples=4, budget_s=pytest.approx(20 / 3), processes=1
-    )
+    options = BenchOptions(min_time_s=1.0, min_samples=10, budget_s=20.0, processes=3)
+    share = dict(min_time_s=pytest.approx(1 / 3), min_samples=4, budget_s=pytest.approx(20 / 3))
+    assert options.per_process(0) == BenchOptions(**share, processes=1, check_first=True)
+    # further processes are not run and checked before timing, only after
+    assert options.per_process(2) == BenchOptions(**share, processes=1, check_first=False)
 
 
 def test_a_further_process_that_fails_ends_the_kernel_with_its_record():
@@ -154,7 +155,7 @@ def test_a_further_process_that_fails_ends_the_kernel_with_its_record():
     outcomes = {0: timed, 1: failed}
 
     async def run_once(each: Job, index: int) -> Record:
-        assert each.bench == job.bench.per_process()
+        assert each.bench == job.bench.per_process(index)
         return msgspec.structs.replace(outcomes.get(index, timed), wall_s=1.0, times={"run": 1.0})
 
     record = anyio.run(bench_processes.run, job, None, run_once)
@@ -382,7 +383,12 @@ def test_benchmark_sweep_end_to_end(tmp_path: Path):
     # timed in three processes (the default), each logged, the record holding all their samples
     assert len(bench["processes"]) == 3 and sum(bench["processes"]) == bench["compiled"]["n"]
     log = tmp_path / timed["log"]
-    assert [log.with_name(f"{log.stem}.process{i}.log").is_file() for i in (2, 3)] == [True] * 2
+    further = [log.with_name(f"{log.stem}.process{i}.log") for i in (2, 3)]
+    assert [path.is_file() for path in further] == [True] * 2
+    # the first process runs and checks before timing; further ones only time and check after
+    assert "phase run" in log.read_text() and "phase check" in log.read_text()
+    assert ["phase run" in path.read_text() for path in further] == [False] * 2
+    assert ["phase bench" in path.read_text() for path in further] == [True] * 2
     assert bench["compiled"]["gflops"] > 0 and bench["eager"]["gflops"] > 0
     assert bench["overhead_ns"] > 0
     assert records["level9/1_mismatch"]["bench"] is None

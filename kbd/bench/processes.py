@@ -10,7 +10,11 @@ includes that spread.
 
 The first process runs the whole job: load, reference, import, pipeline, JIT, run, check, and
 its share of the timing, checked again after. Each further process runs the same job afresh
-(with the import and compile caches it skips the import, pipeline and JIT) and times its share:
+(with the import and compile caches it skips the import, pipeline and JIT), but not the run and
+check before timing: the kernel passed in the first process, and the check after timing still
+compares each process's outputs with its own reference. At bench shapes that run and check cost
+more than the timing for many kernels: in a level-1 sweep with three processes that all ran
+them, they took 35% of the workers' time. Each further process times its share:
 each is asked for 1/N of the kernel's minimum time, samples and budget, so timing costs what it
 did in one process. Processes run one after another on the kernel's cores; with timing alone
 (kbd/bench/quiet.py) each takes the token for its own share, so the kernel's timing is spread
@@ -35,9 +39,9 @@ async def run(job: Job, gflops: float | None, run_once: RunOnce) -> Record:
     """The kernel's record over `job.bench.processes` processes, each run by `run_once`."""
     assert job.bench is not None
     count = job.bench.processes
-    each = msgspec.structs.replace(job, bench=job.bench.per_process())
     records: list[Record] = []
     for index in range(count):
+        each = msgspec.structs.replace(job, bench=job.bench.per_process(index))
         record = await run_once(each, index)
         if record.bench is None:  # did not pass (or was not timed): that is the kernel's end
             if index:

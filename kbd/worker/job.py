@@ -142,10 +142,11 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     # --benchmark times forwards from the state eager started from, not the one `run` leaves.
     timed = [b.copy() if i in mutated and job.bench else b for i, b in enumerate(inputs)]
-    with step("run"):
-        compiled([*outputs, *inputs])
-        for j, i in enumerate(mutated):  # state the forward wrote: carried out on our copy
-            np.copyto(inputs[i], outputs[j])
+    if job.bench is None or job.bench.check_first:
+        with step("run"):
+            compiled([*outputs, *inputs])
+            for j, i in enumerate(mutated):  # state the forward wrote: carried out on our copy
+                np.copyto(inputs[i], outputs[j])
     return _checked(
         job,
         step,
@@ -272,16 +273,16 @@ class _Eager:
         return cloned
 
 
-def _checked(
-    job: Job, step: _Step, expected, outputs, limits_enforced, measure=None, **extra
-) -> Result:
+def _checked(job: Job, step: _Step, expected, outputs, limits_enforced, measure, **extra) -> Result:
     """Compare with eager; with --benchmark, time a passing kernel with `measure()`, which
-    returns the samples and the outputs to check again after timing."""
-    with step("check"):
-        result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
-    samples = None
+    returns the samples and the outputs to check again after timing. A benchmark's further
+    process (`BenchOptions.check_first` off) is only checked after timing."""
+    samples, result = None, None
     phase = "check"
-    if result.passed and job.bench is not None and measure is not None:
+    if job.bench is None or job.bench.check_first:
+        with step("check"):
+            result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
+    if job.bench is not None and (result is None or result.passed):
         phase = BENCH_PHASE
         with step(BENCH_PHASE):
             samples, outputs = measure()
