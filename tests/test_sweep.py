@@ -10,6 +10,8 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
+import psutil
+
 from kbd.spec import Shard
 from kbd.store import Store
 from tests.conftest import fixture_args, json_records, kbd
@@ -135,18 +137,13 @@ def test_shards_partition_and_are_stable():
 
 def _template_processes(supervisor_pid: int) -> list[int]:
     """The template and the workers it forked (they share its command line)."""
-    return [pid for pid, _ in _template_processes_with_parents(supervisor_pid)]
-
-
-def _template_processes_with_parents(supervisor_pid: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of the template and the workers it forked."""
-    ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     found = []
-    for line in ps.splitlines()[1:]:  # after the header
-        pid, ppid, args = line.split(maxsplit=2)
+    for line in ps.splitlines():
+        pid, _, args = line.strip().partition(" ")
         if "kbd.worker.template" in args and args.endswith(f" {supervisor_pid}"):
-            found.append((int(pid), int(ppid)))
-    return [(p, pp) for p, pp in found if p != os.getpid()]
+            found.append(int(pid))
+    return [p for p in found if p != os.getpid()]
 
 
 def test_template_death_ends_the_sweep_cleanly_and_resume_completes(tmp_path):
@@ -158,8 +155,8 @@ def test_template_death_ends_the_sweep_cleanly_and_resume_completes(tmp_path):
     )  # fmt: skip
     assert _wait_for(lambda: len(_template_processes(supervisor.pid)) >= 2, 60)
     # the supervisor's child, not the smallest pid: pids wrap (pid_max is 32768 on some hosts)
-    processes = _template_processes_with_parents(supervisor.pid)
-    [template] = [pid for pid, parent in processes if parent == supervisor.pid]
+    children = psutil.Process(supervisor.pid).children()
+    [template] = [p.pid for p in children if "kbd.worker.template" in p.cmdline()]
     os.kill(template, signal.SIGKILL)
     _, err = supervisor.communicate(timeout=60)
     assert supervisor.returncode == 1

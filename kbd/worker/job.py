@@ -142,7 +142,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
     outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
     # --benchmark times forwards from the state eager started from, not the one `run` leaves.
     timed = [b.copy() if i in mutated and job.bench else b for i, b in enumerate(inputs)]
-    if job.bench is None or job.bench.check_first:
+    if _checks_first(job):
         with step("run"):
             compiled([*outputs, *inputs])
             for j, i in enumerate(mutated):  # state the forward wrote: carried out on our copy
@@ -279,7 +279,7 @@ def _checked(job: Job, step: _Step, expected, outputs, limits_enforced, measure,
     process (`BenchOptions.check_first` off) is only checked after timing."""
     samples, result = None, None
     phase = "check"
-    if job.bench is None or job.bench.check_first:
+    if _checks_first(job):
         with step("check"):
             result = check.compare(expected, outputs, job.tolerance, job.max_tolerance)
     if job.bench is not None and (result is None or result.passed):
@@ -305,6 +305,12 @@ def _checked(job: Job, step: _Step, expected, outputs, limits_enforced, measure,
         bench=samples,
         **extra,
     )
+
+
+def _checks_first(job: Job) -> bool:
+    """Whether the kernel is run and checked before (any) timing: all but a benchmark's further
+    processes (`BenchOptions.check_first`)."""
+    return job.bench is None or job.bench.check_first
 
 
 def _input_names(count: int) -> list[str]:
