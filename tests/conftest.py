@@ -58,6 +58,7 @@ WHOLE_MODULES = {
     "test_faults.py",
     "test_levels.py",
     "test_replay.py",
+    "test_schedules.py",
 }
 # The longest work units (a whole module, or one test of a spread module) start first, so that
 # the workers finish at about the same time. Only the order depends on this list.

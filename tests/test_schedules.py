@@ -367,40 +367,61 @@ def test_openmp_threads_sleep_right_after_a_parallel_kernel():
     assert max(spun.values()) < 20e6, spun  # with the default: ~200 ms (~100 ms on a busy CPU)
 
 
-def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
+# One run of the fixture kernels below serves the tests of family schedules run by kbd (each run
+# starts a worker template: seconds of torch import). x86_64 adds the kernels whose schedules are
+# x86_64's: the norm of a group norm and a layer norm, and a softmax returned with a log-softmax.
+FAMILY_RUN = [
+    ("level1/1_matmul", "[32x48, 48x16]", "[rnd, rnd]", None, "matmul"),
+    ("level1/2_relu_scale", "[8x64, 2.5]", "[randn, scalar]", None, "conv3d"),
+    ("level1/4_conv2d", "[2x3x12x12]", "[rnd]", "[3, 4, 3]", "conv2d"),
+    ("level1/9_linear_relu", "[8x40]", "[rnd]", "[40, 24]", "matmul"),
+]
+FAMILY_RUN_X86 = [
+    ("level1/8_group_layer_norm", "[3x8x5x7]", "[randn]", "[8, 2, 5, 7]", "norm"),
+    ("level1/10_softmax_log_softmax", "[16x100]", "[randn]", None, "softmax"),
+]
+
+
+def _fixture_kernel(kernel: str):
+    spec = importlib.util.spec_from_file_location("fixture", FIXTURE_KB / f"{kernel}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def family_run(tmp_path_factory):
+    """`kbd run` (default `--schedules family`) of FAMILY_RUN with every stage's IR printed:
+    (records by kernel, printed IR by kernel as `// -----// ` sections, stderr)."""
+    tmp_path = tmp_path_factory.mktemp("family-run")
+    entries = FAMILY_RUN + (FAMILY_RUN_X86 if ARCH == "x86_64" else [])
+    text = ""
+    for kernel, shapes, initializations, init_args, family in entries:
+        text += f"- kernel: {kernel}.py\n  input_shapes: {shapes}\n"
+        text += f"  initializations: {initializations}\n  family: {family}\n"
+        text += f"  init_args: {init_args}\n" if init_args else ""
+    (tmp_path / "levels.yaml").write_text(text)
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(tmp_path / "levels.yaml")]
+    args += ["-j", "1", "--json", "--print-original-module", "--print-mlir-after-all"]
+    result = kbd("run", *args, "--print-to", str(tmp_path / "ir") + "/", cwd=tmp_path)
+    records = json_records(result.stdout)
+    assert sorted(records) == sorted(kernel for kernel, *_ in entries), result.stderr
+    dumps = {
+        kernel: (tmp_path / "ir" / f"{kernel.replace('/', '__')}.mlir")
+        .read_text()
+        .split("// -----// ")[1:]
+        for kernel in records
+    }
+    return records, dumps, result.stderr
+
+
+def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(family_run):
     """An entry's generated family picks its schedule through the finder (ranked host features);
     a family without a schedule for this CPU runs the scalar pipeline, and the record says so.
     On x86_64, the fixture's group norm and layer norm make its graph's family `norm`, whose
-    schedule (norm.mlir on kbd's norm decompositions) the kernel runs and passes with. (One run
-    for all: each run starts a template.)"""
-    levels = tmp_path / "levels.yaml"
-    text = (
-        "- kernel: level1/1_matmul.py\n  input_shapes: [32x48, 48x16]\n"
-        "  initializations: [rnd, rnd]\n  family: matmul\n"
-        "- kernel: level1/2_relu_scale.py\n  input_shapes: [8x64, 2.5]\n"
-        "  initializations: [randn, scalar]\n  family: conv3d\n"
-        "- kernel: level1/4_conv2d.py\n  input_shapes: [2x3x12x12]\n"
-        "  initializations: [rnd]\n  init_args: [3, 4, 3]\n  family: conv2d\n"
-    )
-    if ARCH == "x86_64":  # the norm schedule is x86_64's
-        spec = importlib.util.spec_from_file_location(
-            "group_layer_norm", FIXTURE_KB / "level1" / "8_group_layer_norm.py"
-        )
-        kernel = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(kernel)
-        model = kernel.Model(*kernel.get_init_inputs())
-        family = families.family_of(model, kernel.get_inputs())
-        assert family == "norm"
-        text += (
-            "- kernel: level1/8_group_layer_norm.py\n  input_shapes: [3x8x5x7]\n"
-            f"  initializations: [randn]\n  init_args: [8, 2, 5, 7]\n  family: {family}\n"
-        )
-    levels.write_text(text)
-    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
-    result = kbd("run", *args, "--schedules", "family", cwd=tmp_path)
-    records = json_records(result.stdout)
-    assert [r["outcome"] for r in records.values()] == ["pass"] * len(records), result.stderr
-    assert len(records) == (4 if ARCH == "x86_64" else 3), result.stderr
+    schedule (norm.mlir on kbd's norm decompositions) the kernel runs and passes with."""
+    records, _, stderr = family_run
+    assert [r["outcome"] for r in records.values()] == ["pass"] * len(records), stderr
     arch, flags = descriptor.host_target()
     for kernel, family in [("level1/1_matmul", "matmul"), ("level1/4_conv2d", "conv2d")]:
         found = descriptor.find_pipeline(
@@ -411,25 +432,19 @@ def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(tmp_path):
         "scalar-lowering.yaml (no conv3d f32 schedule for "
     )
     if ARCH == "x86_64":
+        kernel = _fixture_kernel("level1/8_group_layer_norm")
+        model = kernel.Model(*kernel.get_init_inputs())
+        assert families.family_of(model, kernel.get_inputs()) == "norm"
         assert records["level1/8_group_layer_norm"]["pipeline"] == "x86_64/norm/f32.yaml"
 
 
-def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_path):
+def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(family_run):
     """kbd-fold-transpose-into-matmul (in the matmul family schedules) folds the transpose of
     nn.Linear's weight into the matmul's maps, matmul-transposed-b.mlir then vectorizes that
     matmul along K (no linalg.matmul left), and the kernel passes."""
-    levels = tmp_path / "levels.yaml"
-    levels.write_text(
-        "- kernel: level1/9_linear_relu.py\n  input_shapes: [8x40]\n"
-        "  initializations: [rnd]\n  init_args: [40, 24]\n  family: matmul\n"
-    )
-    dump = tmp_path / "ir.mlir"
-    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
-    args += ["--print-original-module", "--print-mlir-after-all", "--print-to", str(dump)]
-    result = kbd("run", *args, cwd=tmp_path)
-    record = json_records(result.stdout)["level1/9_linear_relu"]
-    assert record["outcome"] == "pass", result.stderr
-    dumps = dump.read_text().split("// -----// ")[1:]
+    records, dumps, stderr = family_run
+    assert records["level1/9_linear_relu"]["outcome"] == "pass", stderr
+    dumps = dumps["level1/9_linear_relu"]
     original = next(d for d in dumps if d.startswith("Original module"))
     assert "linalg.transpose" in original and "linalg.matmul" in original
     folded = next(d for d in dumps if d.startswith("IR Dump After kbd-fold-transpose-into"))
@@ -440,29 +455,16 @@ def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(tmp_
 
 
 @pytest.mark.skipif(ARCH != "x86_64", reason="the softmax schedule is x86_64's")
-def test_a_softmax_kernel_with_two_block_loops_passes_with_its_schedule(tmp_path):
+def test_a_softmax_kernel_with_two_block_loops_passes_with_its_schedule(family_run):
     """A softmax and a log-softmax returned together: rows.mlir tiles each result into its own
     scf.forall and vectorizes the ops of each (a `match ... in` both at once would fail)."""
     kernel = "level1/10_softmax_log_softmax"
-    spec = importlib.util.spec_from_file_location("fixture", FIXTURE_KB / f"{kernel}.py")
-    fixture = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixture)
-    family = families.family_of(fixture.Model(), fixture.get_inputs())
-    assert family == "softmax"
-    levels = tmp_path / "levels.yaml"
-    levels.write_text(
-        f"- kernel: {kernel}.py\n  input_shapes: [16x100]\n"
-        f"  initializations: [randn]\n  family: {family}\n"
-    )
-    dump = tmp_path / "ir.mlir"
-    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
-    args += ["--print-mlir-after-all", "--print-to", str(dump)]
-    result = kbd("run", *args, "--schedules", "family", cwd=tmp_path)
-    record = json_records(result.stdout)[kernel]
-    assert record["outcome"] == "pass", result.stderr
-    assert record["pipeline"] == "x86_64/softmax/f32.yaml"
-    dumps = dump.read_text().split("// -----// ")[1:]
-    scheduled = next(d for d in dumps if d.startswith("IR Dump After transform rows.mlir"))
+    fixture = _fixture_kernel(kernel)
+    assert families.family_of(fixture.Model(), fixture.get_inputs()) == "softmax"
+    records, dumps, stderr = family_run
+    assert records[kernel]["outcome"] == "pass", stderr
+    assert records[kernel]["pipeline"] == "x86_64/softmax/f32.yaml"
+    scheduled = next(d for d in dumps[kernel] if d.startswith("IR Dump After transform rows.mlir"))
     blocks = scheduled.split("= scf.forall (")[1:]  # the ops of each block, then the rest
     assert len(blocks) == 2 and all("vector.reduction" in block for block in blocks)
 

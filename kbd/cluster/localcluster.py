@@ -24,6 +24,7 @@ import psutil
 
 NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0", "RAY_worker_niceness": "0"}
 PORT_ATTEMPTS = 3
+STOP_GRACE_S = 1.0
 _PORT_TAKEN = re.compile(r"port number \d+ that is used|[Aa]ddress already in use")
 
 
@@ -129,12 +130,15 @@ class LocalCluster:
         return list(found.values())
 
     def stop(self) -> None:
-        """TERM, then KILL, every process of this cluster; remove its temp dir."""
+        """TERM, then KILL, every process of this cluster; remove its temp dir.
+
+        The cluster is thrown away, so its processes get one second to exit: the GCS and the
+        raylets take longer than five to act on SIGTERM while their peers are going too."""
         procs = self.processes()
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=5)
+        _, alive = psutil.wait_procs(procs, timeout=STOP_GRACE_S)
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
