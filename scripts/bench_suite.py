@@ -63,6 +63,16 @@ def run_suite(tree: Path, extra: list[str]) -> dict:
     }
 
 
+def short_hash(rev: str) -> str:
+    """The commit `rev` names, abbreviated (a usage error, status 2, when it names none)."""
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify",
+                            f"{rev}^{{commit}}"], capture_output=True, text=True)  # fmt: skip
+    if found.returncode != 0:
+        print(f"bench-suite: error: {rev}: {found.stderr.strip()}", file=sys.stderr)
+        sys.exit(2)
+    return found.stdout.strip()
+
+
 def worktree(rev: str, path: Path) -> None:
     """Check `rev` out at `path` (a fresh clone's view: tracked files only)."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
@@ -82,16 +92,17 @@ def main() -> None:
     if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                       capture_output=True, text=True).stdout.strip():  # fmt: skip
         print("note: this tree has uncommitted changes; they are not measured", file=sys.stderr)
+    base, head = short_hash(args.baseline), short_hash(args.head)
     variants: list[tuple[str, str, list[str]]] = [
-        (f"baseline {args.baseline}", args.baseline, []),
-        (f"head {args.head}", args.head, []),
+        (f"baseline {base}", base, []),
+        (f"head {head}", head, []),
     ]
     if args.subset:
-        variants.append((f"head {args.head}, {len(args.subset)} modules", args.head, args.subset))
+        variants.append((f"head {head}, {len(args.subset)} modules", head, args.subset))
     results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     print(machine_line(), f"{os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory(prefix="kbd-bench-suite-") as tmp:
-        trees = {rev: Path(tmp) / f"tree{i}" for i, rev in enumerate({args.baseline, args.head})}
+        trees = {rev: Path(tmp) / f"tree{i}" for i, rev in enumerate({base, head})}
         try:
             for rev, path in trees.items():
                 worktree(rev, path)
