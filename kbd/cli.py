@@ -10,9 +10,10 @@ import argparse
 import os
 import sys
 
-from kbd import __version__, spec
-from kbd.errors import InputError
+from kbd import __version__
 from kbd.levels import cli as levels_cli
+from kbd.plan import spec
+from kbd.shared.errors import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -528,15 +529,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command in ("run", "sweep"):
-            from kbd import commands
+            from kbd.commands import run as commands
 
             return commands.run_or_sweep(args)
         if args.command == "replay":
-            from kbd import replay
+            from kbd.commands import replay
 
             return replay.main(args)
         if args.command == "doctor":
-            from kbd import doctor
+            from kbd.commands import doctor
 
             return doctor.doctor(args)
         if args.command in ("attach", "cancel"):
@@ -549,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             return daemon_commands.main(args)
         if args.command == "levels":
             return levels_cli.run(args)
-        from kbd import history
+        from kbd.commands import history
 
         if args.command == "results":
             return history.show_results(args)

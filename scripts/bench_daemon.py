@@ -49,7 +49,7 @@ CACHES = ("import-cache", "compile-cache")
 def tiny_levels(path: Path) -> str:
     """A levels file with the trivial kernels at a tiny shape; returns its path."""
     sys.path.insert(0, str(ROOT))
-    from kbd import catalog
+    from kbd.plan import catalog
 
     names = sorted(p.name for p in (catalog.kernelbench_root(None) / "level1").glob("*.py"))
     lines = []

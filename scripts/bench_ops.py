@@ -27,9 +27,9 @@ OPS_ROOT = ROOT / "scripts" / "ops"
 OPS_LEVELS = OPS_ROOT / "levels.yaml"
 sys.path.insert(0, str(ROOT))
 
-from kbd import catalog, pipelines  # noqa: E402  (after the path set-up above)
-from kbd.bench.stats import format_ns  # noqa: E402
-from kbd.spec import SweepSpec  # noqa: E402
+from kbd.plan import catalog, pipelines  # noqa: E402  (after the path set-up above)
+from kbd.plan.spec import SweepSpec  # noqa: E402
+from kbd.results.stats import format_ns  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -42,7 +42,7 @@ def cpu_model() -> str:
 
 
 def pipeline_of(entry: catalog.Entry, override: list[str]) -> str:
-    """What the op is compiled with, as kbd chooses it (kbd.pipelines)."""
+    """What the op is compiled with, as kbd chooses it (kbd.plan.pipelines)."""
     if override:
         return " + ".join(override)
     return pipelines.choose(entry, SweepSpec(), ROOT / "schedules").name

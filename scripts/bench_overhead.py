@@ -23,9 +23,10 @@ from pathlib import Path
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import limits, protocol
-from kbd.protocol import Job, Limits, Phase
-from kbd.spawner import Spawner
+from kbd.engine.spawner import Spawner
+from kbd.plan import limits
+from kbd.shared import protocol
+from kbd.shared.protocol import Job, Limits, Phase
 
 ROOT = Path(__file__).resolve().parent.parent
 FRESH_IMPORT = (

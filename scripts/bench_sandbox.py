@@ -25,10 +25,11 @@ from pathlib import Path
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import containment, limits, protocol
-from kbd.doctor import machine_line
-from kbd.protocol import Job, Limits, Phase
-from kbd.spawner import Spawner
+from kbd.commands.doctor import machine_line
+from kbd.engine.spawner import Spawner
+from kbd.plan import limits
+from kbd.shared import containment, protocol
+from kbd.shared.protocol import Job, Limits, Phase
 from kbd.worker import landlock, sandbox, seccomp
 
 START = """\

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kbd import descriptor, target
+from kbd.plan import descriptor, target
 from kbd.worker import ingress, mlir, runtime
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kbd.doctor import machine_line
+from kbd.commands.doctor import machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTEST_LINE = re.compile(r"^exec \.venv/bin/python -m pytest(?P<args>.*)$", re.MULTILINE)

@@ -14,12 +14,13 @@ import anyio
 import msgspec
 import pytest
 
-from kbd import reports
-from kbd.bench import compare, report, stats, summary
+from kbd.bench import compare, report, summary
 from kbd.bench import processes as bench_processes
-from kbd.outcome import Record
-from kbd.protocol import BenchOptions, BenchSamples, Job, Limits
-from kbd.store import Store
+from kbd.results import stats
+from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared.protocol import BenchOptions, BenchSamples, Job, Limits
+from kbd.views import reports
 from tests.conftest import fixture_args, json_records, kbd
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kbd import catalog
-from kbd.catalog import Entry, Expectation, check_sources, kernelbench_root, load, load_file
-from kbd.errors import InputError
-from kbd.protocol import Scalar, Tensor
-from kbd.shapes import Shape
+from kbd.plan import catalog
+from kbd.plan.catalog import Entry, Expectation, check_sources, kernelbench_root, load, load_file
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import Scalar, Tensor
+from kbd.shared.shapes import Shape
 
 KERNEL = "level1/5_Matrix_scalar_multiplication.py"
 

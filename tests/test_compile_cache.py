@@ -6,9 +6,9 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import compile_cache, import_cache
+from kbd.caches import compile_cache, import_cache
 from kbd.daemon.state import StatePaths
-from kbd.protocol import BenchOptions, CompileCache, Job, Library, Limits, Signature, Stage
+from kbd.shared.protocol import BenchOptions, CompileCache, Job, Library, Limits, Signature, Stage
 from tests.conftest import FIXTURE_KB, json_records, kbd
 
 LIBRARY = Library(

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from kbd import containment
-from kbd.outcome import Record
+from kbd.results.record import Record
+from kbd.shared import containment
 from kbd.worker import landlock
 from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, json_records, kbd
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kbd import target
-from kbd.descriptor import DEFAULT_PIPELINE, find_pipeline, host_target, resolve_pipeline
-from kbd.errors import InputError
-from kbd.protocol import Stage
+from kbd.plan import target
+from kbd.plan.descriptor import DEFAULT_PIPELINE, find_pipeline, host_target, resolve_pipeline
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import Stage
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 

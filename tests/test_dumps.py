@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kbd import dumps, spec
-from kbd.errors import InputError
-from kbd.spec import SweepSpec
+from kbd.engine import dumps
+from kbd.plan import spec
+from kbd.plan.spec import SweepSpec
+from kbd.shared.errors import InputError
 from tests.conftest import fixture_args, json_records, kbd
 
 ET_REL = 1  # ELF e_type of a relocatable object

@@ -11,7 +11,7 @@ import msgspec
 import psutil
 import pytest
 
-from kbd.outcome import Record
+from kbd.results.record import Record
 from tests.conftest import fixture_args, json_records, kbd
 
 EXPECTED = {

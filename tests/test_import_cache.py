@@ -7,8 +7,8 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import import_cache
-from kbd.protocol import ImportCache, Job, Limits
+from kbd.caches import import_cache
+from kbd.shared.protocol import ImportCache, Job, Limits
 
 MODULE = "module {\n  func.func @main() {\n    return\n  }\n}\n"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kbd.protocol import Scalar, Tensor
-from kbd.shapes import Shape
+from kbd.shared.protocol import Scalar, Tensor
+from kbd.shared.shapes import Shape
 from kbd.worker import ingress
 
 

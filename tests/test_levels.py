@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kbd import catalog, cli
-from kbd.levels import generate, knobs, schema
-from kbd.protocol import Generate, Generated, Limits
+from kbd import cli
+from kbd.levels import generate
+from kbd.plan import catalog, schema
+from kbd.shared.protocol import Generate, Generated, Limits
+from kbd.worker import knobs
 from tests.conftest import kbd
 
 SMOKE = schema.TIERS["smoke"]

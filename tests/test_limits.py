@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kbd.catalog import Entry
-from kbd.errors import InputError
-from kbd.limits import WORKER_BASE_BYTES, estimate, format_size, parse_size, thread_env
-from kbd.protocol import Scalar, Tensor
-from kbd.shapes import Shape
+from kbd.plan.catalog import Entry
+from kbd.plan.limits import WORKER_BASE_BYTES, estimate, format_size, parse_size, thread_env
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import Scalar, Tensor
+from kbd.shared.shapes import Shape
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kbd.catalog import Expectation
-from kbd.outcome import Death, Record, classify, expect
-from kbd.protocol import Result
+from kbd.plan.catalog import Expectation
+from kbd.results.record import Death, Record, classify, expect
+from kbd.shared.protocol import Result
 
 PASS = Result(outcome="pass", phase="check", passing_tolerance=1e-4)
 MISMATCH = Result(outcome="mismatch", phase="check", message="max abs error 0.05")

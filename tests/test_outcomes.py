@@ -9,9 +9,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kbd.catalog import Expectation
-from kbd.outcomes import CODES, EXPECTABLE, ORDER, TABLE, format_counts
-from kbd.protocol import Result
+from kbd.plan.catalog import Expectation
+from kbd.shared.outcomes import CODES, EXPECTABLE, ORDER, TABLE, format_counts
+from kbd.shared.protocol import Result
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from kbd import proctree
+from kbd.shared import proctree
 
 # A child that starts a grandchild in its own session (as a kernel's escapee would), then waits.
 TREE = (

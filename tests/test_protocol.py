@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd.protocol import (
+from kbd.shared.protocol import (
     MAX_FRAME,
     Exited,
     Job,
@@ -36,7 +36,7 @@ from kbd.protocol import (
     receive_blocking,
     send_blocking,
 )
-from kbd.shapes import Shape
+from kbd.shared.shapes import Shape
 
 JOB = Job(
     kernel="level1/5_Matrix_scalar_multiplication.py",

@@ -14,9 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kbd import protocol
 from kbd.bench.quiet import Quiet, TimedAlone
-from kbd.protocol import QuietGranted
+from kbd.shared import protocol
+from kbd.shared.protocol import QuietGranted
 from tests.conftest import fixture_args, json_records, kbd
 
 

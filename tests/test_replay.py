@@ -13,9 +13,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kbd import bundles, commands, spec
-from kbd.scheduler import Hooks, run_plan
-from kbd.spawner import Spawner
+from kbd.commands import run as commands
+from kbd.engine import bundles
+from kbd.engine.scheduler import Hooks, run_plan
+from kbd.engine.spawner import Spawner
+from kbd.plan import spec
 from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, kbd
 
 FAILING = ROOT / "tests" / "fixtures" / "schedules" / "failing.yaml"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from kbd.outcome import Record
-from kbd.reports import counts, json_line, line, summary, write_junit
+from kbd.results.record import Record
+from kbd.views.reports import counts, json_line, line, summary, write_junit
 
 
 def record(kernel: str, outcome: str, **fields) -> Record:

@@ -7,7 +7,7 @@ import re
 import subprocess
 from collections.abc import Iterator
 
-from kbd import protocol
+from kbd.shared import protocol
 from tests.conftest import ROOT, WHOLE_MODULES
 
 
@@ -83,13 +83,13 @@ def _phase_literals(node: ast.AST) -> Iterator[str]:
 def test_phase_names_the_other_side_acts_on_are_spelled_once_in_the_protocol():
     """A worker announces `bench`, `sandbox` and `pipeline:<stage>` and the supervisor tests
     for them (the supervisor and a cluster agent start kernels in `start`): outside
-    kbd/protocol.py these are never literals where a phase is announced, assigned or
+    kbd/shared/protocol.py these are never literals where a phase is announced, assigned or
     compared, so both sides cannot drift apart."""
     shared = {protocol.START_PHASE, protocol.SANDBOX_PHASE, protocol.BENCH_PHASE}
     prefix = protocol.pipeline_phase("")
     spelled = []
     for path in sorted((ROOT / "kbd").rglob("*.py")):
-        if path == ROOT / "kbd" / "protocol.py":
+        if path == ROOT / "kbd" / "shared" / "protocol.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             literals = list(_phase_literals(node))

@@ -12,12 +12,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kbd.catalog import Entry
-from kbd.limits import WORKER_BASE_BYTES
-from kbd.outcome import Record
-from kbd.protocol import Job, Limits
-from kbd.scheduler import Hooks, Planned, Pool, core_slots, execute, order
-from kbd.spawner import TemplateError
+from kbd.engine.scheduler import Hooks, Planned, Pool, core_slots, execute, order
+from kbd.engine.spawner import TemplateError
+from kbd.plan.catalog import Entry
+from kbd.plan.limits import WORKER_BASE_BYTES
+from kbd.results.record import Record
+from kbd.shared.protocol import Job, Limits
 
 MiB = 1 << 20
 

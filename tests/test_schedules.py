@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kbd import descriptor, target
+from kbd.plan import descriptor, target
 from kbd.worker import families, ingress, mlir, runtime
 from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
 

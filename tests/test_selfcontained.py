@@ -11,9 +11,10 @@ import shutil
 
 import anyio
 
-from kbd import commands, spec
-from kbd.scheduler import Hooks, run_plan
-from kbd.spawner import Spawner
+from kbd.commands import run as commands
+from kbd.engine.scheduler import Hooks, run_plan
+from kbd.engine.spawner import Spawner
+from kbd.plan import spec
 from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT
 
 

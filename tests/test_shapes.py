@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kbd.errors import InputError
-from kbd.shapes import Shape, int_range, parse_dims, parse_shape, validate
+from kbd.shared.errors import InputError
+from kbd.shared.shapes import Shape, int_range, parse_dims, parse_shape, validate
 
 WHERE = "levels/x.yaml: level1/1_K.py: input_shapes[0]"
 

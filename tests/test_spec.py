@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from kbd import spec
 from kbd.cli import build_parser
-from kbd.errors import InputError
-from kbd.spec import Shard, SweepSpec
+from kbd.plan import spec
+from kbd.plan.spec import Shard, SweepSpec
+from kbd.shared.errors import InputError
 
 
 def _from(argv: list[str], cwd: Path) -> SweepSpec:
@@ -80,9 +80,9 @@ def test_stored_spec_round_trips_and_validates():
 
 
 def test_target_and_features_choose_the_family_schedule(tmp_path):
-    from kbd import pipelines
-    from kbd.catalog import Entry
-    from kbd.commands import SCHEDULES_DIR
+    from kbd.commands.run import SCHEDULES_DIR
+    from kbd.plan import pipelines
+    from kbd.plan.catalog import Entry
 
     entry = Entry("level1/1_matmul.py", "l.yaml", None, None, None, None, "matmul", "f32", None)
 
@@ -104,9 +104,9 @@ def test_target_and_features_choose_the_family_schedule(tmp_path):
 
 
 def test_family_schedules_are_used_unless_smoke_testing_or_told(tmp_path):
-    from kbd import pipelines
-    from kbd.catalog import Entry
-    from kbd.commands import SCHEDULES_DIR
+    from kbd.commands.run import SCHEDULES_DIR
+    from kbd.plan import pipelines
+    from kbd.plan.catalog import Entry
 
     generated = Entry("k.py", "l.yaml", None, None, None, None, None, "f32", None, "matmul")
     hand_set = Entry(

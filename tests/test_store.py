@@ -6,11 +6,11 @@ import sqlite3
 
 import pytest
 
-from kbd import spec
-from kbd.errors import InputError
-from kbd.outcome import Record
-from kbd.spec import SweepSpec
-from kbd.store import Store
+from kbd.plan import spec
+from kbd.plan.spec import SweepSpec
+from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared.errors import InputError
 
 
 @pytest.fixture

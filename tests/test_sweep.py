@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 
 import psutil
 
-from kbd.spec import Shard
-from kbd.store import Store
+from kbd.plan.spec import Shard
+from kbd.results.store import Store
 from tests.conftest import fixture_args, json_records, kbd
 
 QUICK = ["level1/1_", "level1/2_", "level1/3_", "level9/2_", "level9/3_"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbd import catalog, cli
-from kbd.catalog import Expectation
-from kbd.outcome import Record
-from kbd.store import Store
+from kbd import cli
+from kbd.plan import catalog
+from kbd.plan.catalog import Expectation
+from kbd.results.record import Record
+from kbd.results.store import Store
 from tests.conftest import FIXTURE_KB, json_records, kbd
 
 

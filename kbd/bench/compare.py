@@ -5,7 +5,7 @@ compiled median), not raw compiled time: eager was measured alternately in the s
 drift of the machine between the two sweeps largely cancels. The ratio B/A gets a 95% interval
 from the two sweeps' own bootstrap intervals (combined on the log scale as independent normal
 errors). Each sweep's interval includes how much the processes a kernel was timed in differed
-(`--bench-processes`, kbd/bench/stats.py). A difference is significant when the combined interval
+(`--bench-processes`, kbd/results/stats.py). A difference is significant when the combined interval
 excludes 1 *and* the ratio is at least `threshold` away from 1: the host itself drifts between
 sweeps taken minutes apart (frequency, other tenants), which no interval from inside one sweep
 captures.
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import msgspec
 
 from kbd.bench.summary import CORRECT
-from kbd.history import open_store
-from kbd.outcome import Record
+from kbd.commands.history import open_store
+from kbd.results.record import Record
 
 Z95 = 1.959964
 

@@ -4,7 +4,7 @@ Within one process, a kernel's samples agree closely; between processes they do 
 buffers land in physical memory (and so which cache sets they share), how the JIT's code is laid
 out and what state the host is in all stay fixed for a process's life and change with the next.
 Measured on a quiet machine, one matmul's speedup in four processes back to back spread several
-times wider than any one process's interval (kbd/bench/stats.py). A kernel timed in one process
+times wider than any one process's interval (kbd/results/stats.py). A kernel timed in one process
 can therefore not say how far its figure would move in the next sweep; timed in N, its interval
 includes that spread.
 
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import msgspec
 
-from kbd.bench import stats
-from kbd.outcome import Record
-from kbd.protocol import Job
+from kbd.results import stats
+from kbd.results.record import Record
+from kbd.shared.protocol import Job
 
 RunOnce = Callable[[Job, int], Awaitable[Record]]  # (the job, the process index) -> its record
 

@@ -26,8 +26,8 @@ import anyio
 from anyio.abc import ByteSendStream, TaskGroup
 from anyio.lowlevel import RunVar
 
-from kbd import protocol
-from kbd.protocol import QuietGranted
+from kbd.shared import protocol
+from kbd.shared.protocol import QuietGranted
 
 
 class Pausable:

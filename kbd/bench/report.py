@@ -11,8 +11,8 @@ import math
 from collections.abc import Sequence
 
 from kbd.bench import summary
-from kbd.bench.stats import format_ns
-from kbd.outcome import Record
+from kbd.results.record import Record
+from kbd.results.stats import format_ns
 
 WIDTH, HEIGHT = 560, 260
 MARGIN = {"left": 48, "right": 16, "top": 16, "bottom": 40}

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from kbd.bench.stats import format_ns
-from kbd.outcome import Record
+from kbd.results.record import Record
+from kbd.results.stats import format_ns
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 CORRECT = ("pass", "xpass")

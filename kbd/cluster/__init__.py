@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from kbd.errors import InputError
+from kbd.shared.errors import InputError
 
 RAY_VERSION = "2.60.0"  # the version pinned by the `ray` extra in pyproject.toml
 

@@ -1,9 +1,9 @@
 """The kbd agent of one node: a Ray actor (async) that runs kernels the way a local sweep does.
 
 The head creates one per node, pinned there, and calls `hello`, `start`, then `run` up to
-`slots` times at once, then `stop`. The agent owns the node's warm template (kbd.spawner), its
-core slots and memory admission (kbd.scheduler) and runs each kernel with kbd.runner, so every
-sandboxing rule of a local sweep holds on the node.
+`slots` times at once, then `stop`. The agent owns the node's warm template
+(kbd.engine.spawner), its core slots and memory admission (kbd.engine.scheduler) and runs each
+kernel with kbd.engine.runner, so every sandboxing rule of a local sweep holds on the node.
 
 Traps this module avoids (see the README's cluster section):
 - The template is fork+exec'd from the actor's event-loop thread, which lives as long as the
@@ -24,12 +24,14 @@ import msgspec
 import ray
 
 import kbd
-from kbd import compile_cache, limits, scheduler
+from kbd.caches import compile_cache
 from kbd.cluster import versions, wire
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
-from kbd.protocol import START_PHASE, Phase
-from kbd.scheduler import Hooks, Planned
-from kbd.spawner import Spawner
+from kbd.engine import scheduler
+from kbd.engine.scheduler import Hooks, Planned
+from kbd.engine.spawner import Spawner
+from kbd.plan import limits
+from kbd.shared.protocol import START_PHASE, Phase
 
 
 class Agent:

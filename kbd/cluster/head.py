@@ -26,17 +26,17 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from kbd import scheduler
 from kbd.cluster import versions, wire
 from kbd.cluster.agent import Agent
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
-from kbd.errors import ClusterError
-from kbd.limits import format_size
-from kbd.outcome import Record, expect
-from kbd.progress import Progress
-from kbd.protocol import START_PHASE, Phase
-from kbd.scheduler import Hooks, Planned
-from kbd.spec import SweepSpec
+from kbd.engine import scheduler
+from kbd.engine.scheduler import Hooks, Planned
+from kbd.plan.limits import format_size
+from kbd.plan.spec import SweepSpec
+from kbd.results.record import Record, expect
+from kbd.shared.errors import ClusterError
+from kbd.shared.protocol import START_PHASE, Phase
+from kbd.views.progress import Progress
 
 MAX_LOSSES = 2  # agent losses a kernel may be in flight for; then it is a crash
 STOP_GRACE_S = 10.0

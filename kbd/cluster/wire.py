@@ -1,16 +1,17 @@
 """Messages between the head and node agents, as msgspec bytes carried by Ray.
 
-They live here rather than in kbd/protocol.py because they carry an `Entry` and a `Record`,
-which kbd/protocol.py cannot import. Ray only transports the bytes; nothing is pickled but them.
+They live here rather than in kbd/shared/protocol.py because they carry an `Entry` and a
+`Record`, which the shared contract cannot import. Ray only transports the bytes; nothing is
+pickled but them.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from kbd.catalog import Entry
-from kbd.outcome import Record
-from kbd.protocol import Job, Phase
+from kbd.plan.catalog import Entry
+from kbd.results.record import Record
+from kbd.shared.protocol import Job, Phase
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):

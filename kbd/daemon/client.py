@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from kbd import protocol
 from kbd.daemon import identity
 from kbd.daemon.state import StatePaths, is_locked
-from kbd.protocol import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
+from kbd.shared import protocol
+from kbd.shared.protocol import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
 
 HANDSHAKE_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0  # the daemon warms a template before it answers
@@ -194,7 +194,7 @@ def ensure(paths: StatePaths, *, idle_timeout: float, announce) -> Connection:
     A daemon with a different identity is never used: when idle it is stopped and replaced
     (saying why); when busy, this raises DaemonError naming what differs.
     """
-    from kbd.protocol import DaemonStatus, StatusRequest, StopRequest
+    from kbd.shared.protocol import DaemonStatus, StatusRequest, StopRequest
 
     connection = connect(paths)
     if connection is None:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import limits
 from kbd.daemon import client, server
 from kbd.daemon.client import DaemonError
 from kbd.daemon.state import AlreadyRunning, StatePaths
 from kbd.daemon.work import Work
-from kbd.protocol import DaemonStatus, Done, StatusRequest, StopRequest
+from kbd.plan import limits
+from kbd.shared.protocol import DaemonStatus, Done, StatusRequest, StopRequest
 
 EXIT_NOT_RUNNING = 3
 
@@ -111,7 +111,7 @@ def _status(args: Namespace, paths: StatePaths) -> int:
 
 
 def _describe(status: DaemonStatus, differences: list[str]) -> str:
-    from kbd.limits import format_size
+    from kbd.plan.limits import format_size
 
     uptime = time.time() - status.started
     lines = [

@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from kbd.protocol import Identity
+from kbd.shared.protocol import Identity
 
 KBD_DIR = Path(__file__).resolve().parent.parent
 

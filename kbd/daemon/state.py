@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbd.errors import InputError
+from kbd.shared.errors import InputError
 
 LOG_CAP_BYTES = 8 << 20  # a log past this is rotated to daemon.log.1 when a daemon starts
 

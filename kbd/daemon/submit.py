@@ -18,13 +18,15 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import catalog, commands, spec
+from kbd.commands import run as commands
 from kbd.daemon import client
 from kbd.daemon.client import Connection, DaemonError, DaemonLost
 from kbd.daemon.state import StatePaths
-from kbd.outcome import Record
-from kbd.progress import Progress
-from kbd.protocol import (
+from kbd.plan import catalog, spec
+from kbd.plan.spec import SweepSpec
+from kbd.results.record import Record
+from kbd.results.store import Store, Sweep
+from kbd.shared.protocol import (
     Accepted,
     AttachRequest,
     CancelRequest,
@@ -39,8 +41,7 @@ from kbd.protocol import (
     SubmitRequest,
     SweepEnded,
 )
-from kbd.spec import SweepSpec
-from kbd.store import Store, Sweep
+from kbd.views.progress import Progress
 
 DEFAULT_DB = Path(".kbd") / "results.db"
 IDLE_TIMEOUT_S = 1800.0

@@ -27,11 +27,17 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from kbd import commands, protocol, scheduler, spec
-from kbd.errors import InputError
-from kbd.limits import format_size
-from kbd.outcome import Record
-from kbd.protocol import (
+from kbd.commands import run as commands
+from kbd.engine import scheduler
+from kbd.engine.scheduler import Control, Hooks, Pool, cores_per_worker
+from kbd.engine.spawner import Spawner
+from kbd.plan import spec
+from kbd.plan.limits import format_size
+from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared import protocol
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import (
     START_PHASE,
     Accepted,
     Done,
@@ -45,9 +51,6 @@ from kbd.protocol import (
     SweepEnded,
     SweepState,
 )
-from kbd.scheduler import Control, Hooks, Pool, cores_per_worker
-from kbd.spawner import Spawner
-from kbd.store import Store
 
 log = logging.getLogger("kbd.daemon")
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from argparse import Namespace
 from pathlib import Path
 
-from kbd import catalog
-from kbd.errors import InputError
-from kbd.levels import generate, schema
+from kbd.levels import generate
+from kbd.plan import catalog, schema
+from kbd.shared.errors import InputError
 
 
 def run(args: Namespace) -> int:

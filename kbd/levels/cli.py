@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kbd.errors import InputError
-from kbd.levels import schema
+from kbd.plan import schema
+from kbd.shared.errors import InputError
 
 _KERNELBENCH_HELP = (
     "KernelBench folder holding level1/, level2/, ... (default: $KBD_KERNELBENCH, "

@@ -22,14 +22,14 @@ import anyio
 import msgspec
 import yaml
 
-from kbd import catalog, limits, scheduler
-from kbd.errors import InputError
-from kbd.levels import schema
-from kbd.levels.schema import Tier
-from kbd.outcome import classify
-from kbd.protocol import Generate, Generated, Limits
-from kbd.runner import run_in_worker
-from kbd.spawner import Spawner
+from kbd.engine import scheduler
+from kbd.engine.runner import run_in_worker
+from kbd.engine.spawner import Spawner
+from kbd.plan import catalog, limits, schema
+from kbd.plan.schema import Tier
+from kbd.results.record import classify
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import Generate, Generated, Limits
 
 
 @dataclass

@@ -1,13 +1,14 @@
 """`kbd levels update-xfail`: expected failures in the levels files, from a stored sweep.
 
-For every kernel of the sweep (default: the latest), by the outcome table (`kbd/outcomes.py`):
+For every kernel of the sweep (default: the latest), by the outcome table
+(`kbd/shared/outcomes.py`):
 - an expectable failure (mismatch, error, crash, timeout, memory) gets
   `xfail: {outcome, phase, message}`, message being the first line of the kernel's message; it is
   left out where the table says the message is no stable fingerprint (memory, timeout);
 - a correct result (`pass`, `xpass`) loses the key: the kernel works now;
 - any other outcome (`xfail`, `skipped`) and kernels not in the sweep are left alone.
 
-Files are edited line by line in the generator's layout (`kbd.levels.schema`), so comments stay
+Files are edited line by line in the generator's layout (`kbd.plan.schema`), so comments stay
 and a regeneration keeps the key. Each file is validated by the catalog before it is written.
 """
 
@@ -16,12 +17,11 @@ from __future__ import annotations
 from argparse import Namespace
 from pathlib import Path
 
-from kbd import catalog
-from kbd.errors import InputError
-from kbd.levels import schema
-from kbd.outcome import Record
-from kbd.outcomes import CODES
-from kbd.store import Store
+from kbd.plan import catalog, schema
+from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared.errors import InputError
+from kbd.shared.outcomes import CODES
 
 MESSAGE_CHARS = 160
 

@@ -19,7 +19,7 @@ Samples alternate, compiled then eager, so drift (frequency, other load) hits bo
 and go on until each side has `min_time_s` of measurements and `min_samples` samples, or until
 `budget_s` has passed (a slow kernel then reports fewer samples).
 
-Statistics are the supervisor's job (kbd/bench/stats.py); this module only measures.
+Statistics are the supervisor's job (kbd/results/stats.py); this module only measures.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from kbd.protocol import BenchLoop, BenchOptions, BenchSamples
+from kbd.shared.protocol import BenchLoop, BenchOptions, BenchSamples
 from kbd.worker.mlir import BenchTimer
 
 SAMPLE_TARGET_S = 0.01  # one sample's duration: ~100 samples per side in the default 1 s

@@ -1,8 +1,8 @@
 """The import step with the import cache: use the module the supervisor sent, or import afresh.
 
-The supervisor owns the cache (kbd.import_cache): it verifies an entry before putting its text
-in the job, and stores what a worker sends back in an `Imported` frame. A worker never writes to
-the cache, so a faulty or hostile kernel cannot poison other kernels' entries.
+The supervisor owns the cache (kbd.caches.import_cache): it verifies an entry before putting its
+text in the job, and stores what a worker sends back in an `Imported` frame. A worker never writes
+to the cache, so a faulty or hostile kernel cannot poison other kernels' entries.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from kbd.protocol import MAX_FRAME, Imported, Job
+from kbd.shared.protocol import MAX_FRAME, Imported, Job
 from kbd.worker import mlir
 
 # Modules larger than this are not sent back (the frame, key and tags must fit in MAX_FRAME).

@@ -20,8 +20,8 @@ from typing import NoReturn
 
 import torch
 
-from kbd import containment, protocol
-from kbd.protocol import (
+from kbd.shared import containment, protocol
+from kbd.shared.protocol import (
     BENCH_PHASE,
     SANDBOX_PHASE,
     Generate,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 
-from kbd.containment import NOT_ENFORCED
-from kbd.protocol import Limits
+from kbd.shared.containment import NOT_ENFORCED
+from kbd.shared.protocol import Limits
 from kbd.worker import landlock, sandbox, seccomp
 
 

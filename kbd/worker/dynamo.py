@@ -25,7 +25,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from kbd.protocol import Coverage
+from kbd.shared.protocol import Coverage
 from kbd.worker import ingress, mlir, runtime, state
 from kbd.worker.stages import Pipeline
 

@@ -3,7 +3,7 @@
 For a `Generate` task the worker parses the problem file, builds `Model(*get_init_inputs())` in
 eval mode under torch.no_grad() and seed 0, and runs one forward (on the meta device when the
 model allows it) to learn the output shapes, the bytes and the FLOPs. Over budget, it reduces
-the file's size constants by the policy of `kbd.levels.knobs` and measures again. It then draws
+the file's size constants by the policy of `kbd.worker.knobs` and measures again. It then draws
 the inputs once for real at the chosen shapes to name their initializations, and answers with
 one `Generated`.
 
@@ -40,9 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from kbd.levels import knobs
-from kbd.protocol import Budget, Generate, Generated, Result
-from kbd.worker import families
+from kbd.shared.protocol import Budget, Generate, Generated, Result
+from kbd.worker import families, knobs
 
 DTYPE_NAMES = {
     torch.float64: "f64",
@@ -150,7 +149,7 @@ def run(task: Generate, announce: Callable[[str], None]) -> Generated:
 
 
 def _search(task: Generate, path: Path, tree: ast.Module, module, announce) -> Generated:
-    """KernelBench's shapes if they fit the budget, else the reduction of kbd.levels.knobs."""
+    """KernelBench's shapes if they fit the budget, else the reduction of kbd.worker.knobs."""
     found = knobs.find_knobs(tree)
     before = measure(module)
     values = {k.index: k.value for k in found}

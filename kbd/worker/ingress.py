@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from kbd.protocol import Input, Scalar, Tensor
-from kbd.shapes import Shape, int_range
+from kbd.shared.protocol import Input, Scalar, Tensor
+from kbd.shared.shapes import Shape, int_range
 
 NUMPY_DTYPES = {
     "f64": np.float64,

@@ -19,7 +19,15 @@ import msgspec
 import numpy as np
 import torch
 
-from kbd.protocol import BENCH_PHASE, Imported, Job, Library, Replay, Result, is_pipeline_phase
+from kbd.shared.protocol import (
+    BENCH_PHASE,
+    Imported,
+    Job,
+    Library,
+    Replay,
+    Result,
+    is_pipeline_phase,
+)
 from kbd.worker import (
     bench,
     cached_import,

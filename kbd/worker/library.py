@@ -1,5 +1,5 @@
-"""The worker's side of the compile cache (kbd.compile_cache): build a shared library from the
-JIT's code and run the kernel from it, or load the library the supervisor found in the cache.
+"""The worker's side of the compile cache (kbd.caches.compile_cache): build a shared library from
+the JIT's code and run the kernel from it, or load the library the supervisor found in the cache.
 
 The ExecutionEngine keeps the object code it generated (`dump_to_object_file`); the system linker
 turns it into a shared library: `ld -shared -Bsymbolic`, so that the library's references to its
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kbd.protocol import MAX_FRAME, Job, Library, Signature
+from kbd.shared.protocol import MAX_FRAME, Job, Library, Signature
 from kbd.worker import mlir, runtime
 
 MAX_LIBRARY_BYTES = MAX_FRAME - (64 << 10)  # the frame also carries the key and signature

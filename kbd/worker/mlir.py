@@ -29,7 +29,7 @@ from torch_mlir.dialects.transform import interpreter
 from torch_mlir.execution_engine import ExecutionEngine
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-from kbd.protocol import Stage
+from kbd.shared.protocol import Stage
 from kbd.worker import decompositions, norms, runtime
 
 ENTRY = "main"

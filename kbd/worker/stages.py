@@ -3,7 +3,7 @@
 As each stage starts the worker leaves a `StageSnapshot` (the IR before the stage, as bytecode,
 and the stage) in its scratch folder, replaced atomically, so the supervisor can write a
 reproducer bundle whatever ends the stage: a failing pass, a segfault, a timeout
-(kbd/bundles.py); a stage that fails without killing the worker also gets its input as text.
+(kbd/engine/bundles.py); a stage that fails without killing the worker also gets its input as text.
 With the `Inspect` options of the job it prints IR (into the kernel's log, or a file in its
 scratch folder that the supervisor moves where the user asked) and writes object files.
 `replay` runs one stage of a bundle (`kbd replay`).
@@ -19,7 +19,7 @@ from typing import TextIO
 
 import msgspec
 
-from kbd.protocol import (
+from kbd.shared.protocol import (
     IR_FILE,
     OBJECT_FILE,
     STAGE_INPUT,

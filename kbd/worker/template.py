@@ -21,8 +21,8 @@ import signal
 import socket
 import sys
 
-from kbd import proctree, protocol
-from kbd.protocol import Exited, Ready, Spawn, Spawned
+from kbd.shared import proctree, protocol
+from kbd.shared.protocol import Exited, Ready, Spawn, Spawned
 from kbd.worker import sandbox
 
 MAX_FDS = 4

@@ -19,11 +19,11 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kbd.errors import InputError
-from kbd.protocol import IR_FILE, OBJECT_FILE, Inspect, Job
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import IR_FILE, OBJECT_FILE, Inspect, Job
 
 if TYPE_CHECKING:
-    from kbd.spec import SweepSpec
+    from kbd.plan.spec import SweepSpec
 
 DISASSEMBLERS = (("objdump", "-d", "-r"), ("llvm-objdump", "-d", "-r"))
 DISASSEMBLE_TIMEOUT_S = 120

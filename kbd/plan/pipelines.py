@@ -7,7 +7,7 @@ The rule, first match wins:
    `--smoke-test` unless `--schedules family`) and the kernel's levels entry has a family (its
    hand-set `pipeline`, else its generated `family`): the finder's schedule for the target,
    `schedules/<arch>/<feature>/<family>/<dtype>.yaml` for the host's features in the order of
-   `kbd.target.RANKING` (or `--feature` in the order given), else
+   `kbd.plan.target.RANKING` (or `--feature` in the order given), else
    `schedules/<arch>/<family>/<dtype>.yaml`.
 3. Otherwise the default scalar pipeline; a kernel whose family has no schedule for the target
    says so in its record (`no softmax f32 schedule for x86_64 (avx512f, avx2)`).
@@ -21,10 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from kbd import descriptor, target
-from kbd.catalog import Entry
-from kbd.protocol import Stage
-from kbd.spec import SweepSpec
+from kbd.plan import descriptor, target
+from kbd.plan.catalog import Entry
+from kbd.plan.spec import SweepSpec
+from kbd.shared.protocol import Stage
 
 
 class Chosen(NamedTuple):

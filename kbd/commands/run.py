@@ -20,18 +20,20 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from kbd import catalog, cluster, descriptor, limits, pipelines, reports, spec
-from kbd.catalog import Entry
-from kbd.errors import ClusterError, InputError
-from kbd.outcome import Record, label
-from kbd.outcomes import is_final
-from kbd.progress import Progress
-from kbd.protocol import Inspect, Job, Limits
-from kbd.spec import SweepSpec
-from kbd.store import Store, Sweep
+from kbd import cluster
+from kbd.plan import catalog, descriptor, limits, pipelines, spec
+from kbd.plan.catalog import Entry
+from kbd.plan.spec import SweepSpec
+from kbd.results.record import Record, label
+from kbd.results.store import Store, Sweep
+from kbd.shared.errors import ClusterError, InputError
+from kbd.shared.outcomes import is_final
+from kbd.shared.protocol import Inspect, Job, Limits
+from kbd.views import reports
+from kbd.views.progress import Progress
 
 if TYPE_CHECKING:
-    from kbd.scheduler import Planned
+    from kbd.engine.scheduler import Planned
 
 SCHEDULES_DIR = catalog.REPO_ROOT / "schedules"
 SECONDS_PER_GFLOP = 2.0  # scalar-loop code; only used to order kernels never run before
@@ -104,9 +106,9 @@ def _run_here(args: Namespace, options: SweepSpec, store: Store | None, resumed:
     """Run in this process, with a template of its own (or on a cluster)."""
     import anyio
 
-    from kbd import scheduler
-    from kbd.scheduler import Hooks
-    from kbd.spawner import TemplateError
+    from kbd.engine import scheduler
+    from kbd.engine.scheduler import Hooks
+    from kbd.engine.spawner import TemplateError
 
     sweep = store is not None
     prepared = prepare(options, store, resumed, shlex.join(["kbd", *sys.argv[1:]]))
@@ -200,7 +202,7 @@ def template_env(cores_per_worker: int) -> dict[str, str]:
 
 def fatal_error(exc: BaseException) -> BaseException:
     """The TemplateError or ClusterError inside `exc` (maybe a group); re-raises anything else."""
-    from kbd.spawner import TemplateError
+    from kbd.engine.spawner import TemplateError
 
     if isinstance(exc, BaseExceptionGroup):
         found, _ = exc.split((TemplateError, ClusterError))
@@ -215,8 +217,8 @@ def fatal_error(exc: BaseException) -> BaseException:
 async def _execute(env, log_dir, plans, pool, jobs, timeout, hooks, progress) -> bool:
     import anyio
 
-    from kbd import scheduler
-    from kbd.spawner import Spawner
+    from kbd.engine import scheduler
+    from kbd.engine.spawner import Spawner
 
     # A command with nothing to start (a finished sweep resumed, every kernel too big for its
     # memory limit or the budget) records what it must without paying for a template (seconds
@@ -255,8 +257,10 @@ async def _tick(progress: Progress) -> None:
 
 def _plan(options: SweepSpec, store: Store | None):
     """Load and check the selected kernels and build one job per kernel."""
-    from kbd import compile_cache, containment, dumps, import_cache, scheduler
-    from kbd.scheduler import Planned
+    from kbd.caches import compile_cache, import_cache
+    from kbd.engine import dumps, scheduler
+    from kbd.engine.scheduler import Planned
+    from kbd.shared import containment
 
     root = catalog.kernelbench_root(options.kernelbench)
     files = [Path(f) for f in options.levels] or catalog.default_levels_files(options.shapes)

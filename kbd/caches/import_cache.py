@@ -6,7 +6,7 @@ and kbd's ingress code; pipelines come after it. So a re-sweep with another pipe
 can skip it. An entry is the module as imported *after* the parameters were lifted into
 arguments (kbd.worker.ingress.lift_parameters): the weights still come from the model at run time.
 
-Entry files are `<dir>/<key[:2]>/<key>.mlir`, verified as kbd.entries says: an entry whose
+Entry files are `<dir>/<key[:2]>/<key>.mlir`, verified as kbd.caches.entries says: an entry whose
 header, size or checksum does not match is deleted and rebuilt, never used; the least recently
 used entries are evicted beyond the cache's bound.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import entries
-from kbd.protocol import ImportCache, Job
+from kbd.caches import entries
+from kbd.shared.protocol import ImportCache, Job
 
 FORMAT = "kbd-import-cache 1"
 DEFAULT_MAX_BYTES = 1 << 30
@@ -39,7 +39,7 @@ _INGRESS_CODE = (
     "worker/mlir.py",
     "worker/state.py",
 )
-_KBD_DIR = Path(__file__).resolve().parent
+_KBD_DIR = Path(__file__).resolve().parent.parent
 
 
 def key(job: Job) -> str:

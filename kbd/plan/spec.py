@@ -17,9 +17,10 @@ from typing import Literal
 
 import msgspec
 
-from kbd import dumps, limits
-from kbd.errors import InputError
-from kbd.protocol import BenchOptions
+from kbd.engine import dumps
+from kbd.plan import limits
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import BenchOptions
 
 DEFAULT_MEM_LIMIT = "4GiB"
 # --smoke-test checks correctness: LLVM -O0 JITs ~50x faster than -O3 on a 13-kernel sample with
@@ -65,7 +66,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # compilation and checking
     pipeline: tuple[str, ...] = ()  # --pipeline specs replacing the entries' pipelines
     smoke_test: bool = False  # every kernel through the default scalar pipeline
-    # --schedules: "family" (each kernel's family schedule via the finder, kbd.pipelines) or
+    # --schedules: "family" (each kernel's family schedule via the finder, kbd.plan.pipelines) or
     # "scalar" (the default pipeline); None = family, or scalar with --smoke-test
     schedules: Literal["family", "scalar"] | None = None
     cwd: str = "."  # where relative --pipeline files are looked up
@@ -90,7 +91,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     require_sandbox: bool = False  # a mechanism missing on this machine fails the kernel
     # benchmarking
     bench: BenchOptions | None = None  # --benchmark: time passing kernels against eager
-    # seeing inside the pipeline (kbd/dumps.py): IR into each kernel's log, or under print_to
+    # seeing inside the pipeline (kbd/engine/dumps.py): IR into each kernel's log, or under print_to
     print_mlir_after_all: bool = False
     print_original_module: bool = False
     print_optimized_module: bool = False
@@ -108,7 +109,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def family_schedules(self) -> bool:
-        """Do kernels run their family schedules (kbd.pipelines)?"""
+        """Do kernels run their family schedules (kbd.plan.pipelines)?"""
         return self.schedules == "family" if self.schedules else not self.smoke_test
 
     def opt_level_for(self, gflops: float | None) -> int:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from kbd.errors import InputError
-from kbd.protocol import Stage
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import Stage
 
 DEFAULT_PIPELINE = "scalar-lowering.yaml"
 

@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from kbd.outcomes import Outcome
-from kbd.shapes import Shape
+from kbd.shared.outcomes import Outcome
+from kbd.shared.shapes import Shape
 
 MAX_FRAME = 16 * 1024 * 1024
 MAX_CLIENT_FRAME = 1024 * 1024  # what a daemon accepts from a client
@@ -136,7 +136,7 @@ class Signature(msgspec.Struct, frozen=True):
 
 
 class CompileCache(msgspec.Struct, frozen=True):
-    """The compile cache's part of a job (kbd.compile_cache; the supervisor owns the cache).
+    """The compile cache's part of a job (kbd.caches.compile_cache; the supervisor owns the cache).
 
     `library` is a verified cached shared library that the supervisor copied into the worker's
     scratch folder, with its `signature`; None means the worker compiles and sends what it
@@ -211,9 +211,9 @@ class StageSnapshot(msgspec.Struct, frozen=True):
 
     The worker replaces `STAGE_SNAPSHOT` in its scratch folder (atomically) as each stage
     starts, so that whatever ends the stage (a failing pass, a segfault, a timeout) the
-    supervisor can write a reproducer bundle (kbd/bundles.py). The module is bytecode, which is
-    cheaper to write than text; when a stage fails without killing the worker, the worker also
-    writes its input as text (`STAGE_INPUT`).
+    supervisor can write a reproducer bundle (kbd/engine/bundles.py). The module is bytecode,
+    which is cheaper to write than text; when a stage fails without killing the worker, the
+    worker also writes its input as text (`STAGE_INPUT`).
     """
 
     index: int  # 0-based position of the stage in the pipeline
@@ -244,7 +244,7 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     mode: Mode = "import"
     inspect: Inspect = Inspect()  # IR printing and object files
     compile_cache: CompileCache | None = None  # None: compile without the cache
-    pipeline: str = ""  # what the stages are, for the record (kbd.pipelines.Chosen.name)
+    pipeline: str = ""  # what the stages are, for the record (kbd.plan.pipelines.Chosen.name)
 
     @property
     def timed_alone(self) -> bool:
@@ -584,7 +584,7 @@ class Refused(msgspec.Struct, frozen=True, tag="refused"):
 class SubmitRequest(msgspec.Struct, frozen=True, tag="submit"):
     """Run a `kbd run` (sweep=False: nothing stored) or `kbd sweep` in the daemon."""
 
-    spec: str  # the SweepSpec as JSON (kbd.spec.encode), paths absolute
+    spec: str  # the SweepSpec as JSON (kbd.plan.spec.encode), paths absolute
     sweep: bool
     command: str  # the command line, as stored with the sweep
     resume: int | None = None  # continue this stored sweep (its spec is `spec`)
@@ -613,7 +613,9 @@ class KernelMemory(msgspec.Struct, frozen=True, tag="memory"):
 
 
 class KernelFinished(msgspec.Struct, frozen=True, tag="finished"):
-    record: msgspec.Raw  # a kbd.outcome.Record, msgpack-encoded (outcome imports this module)
+    record: (
+        msgspec.Raw
+    )  # a kbd.results.record.Record, msgpack-encoded (outcome imports this module)
 
 
 class Notice(msgspec.Struct, frozen=True, tag="notice"):

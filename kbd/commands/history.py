@@ -7,11 +7,12 @@ from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
-from kbd import reports, spec
 from kbd.bench import report
-from kbd.errors import InputError
-from kbd.outcomes import format_counts
-from kbd.store import Store, Sweep
+from kbd.plan import spec
+from kbd.results.store import Store, Sweep
+from kbd.shared.errors import InputError
+from kbd.shared.outcomes import format_counts
+from kbd.views import reports
 
 
 def open_store(args: Namespace) -> Store:

@@ -19,8 +19,8 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from kbd import protocol
-from kbd.protocol import Exited, Ready, Spawn, Spawned, TemplateMessage
+from kbd.shared import protocol
+from kbd.shared.protocol import Exited, Ready, Spawn, Spawned, TemplateMessage
 
 STARTUP_TIMEOUT = 120.0
 

@@ -19,14 +19,17 @@ import anyio
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd import bundles, compile_cache, containment, dumps, import_cache, proctree, protocol
 from kbd.bench import processes as bench_processes
 from kbd.bench import quiet as quiet_bench
-from kbd.bench import stats
-from kbd.catalog import Entry
-from kbd.limits import WORKER_BASE_BYTES, format_size
-from kbd.outcome import LLVM_ERROR, Death, Record, classify, expect, label
-from kbd.protocol import (
+from kbd.caches import compile_cache, import_cache
+from kbd.engine import bundles, dumps
+from kbd.engine.spawner import Spawner, Worker
+from kbd.plan.catalog import Entry
+from kbd.plan.limits import WORKER_BASE_BYTES, format_size
+from kbd.results import stats
+from kbd.results.record import LLVM_ERROR, Death, Record, classify, expect, label
+from kbd.shared import containment, proctree, protocol
+from kbd.shared.protocol import (
     Generated,
     Imported,
     Job,
@@ -36,7 +39,6 @@ from kbd.protocol import (
     Task,
     WorkerMessage,
 )
-from kbd.spawner import Spawner, Worker
 
 LOG_CAP_BYTES = 32 << 20
 MEMORY_POLL_S = 0.1
@@ -142,7 +144,7 @@ async def _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memor
 
 def _with_artifacts(record: Record, failure, job: Job, log_path: Path) -> Record:
     """The record naming what the worker left in its scratch folder, once moved out of it:
-    printed IR and object files (kbd.dumps) and, for a kernel that did not pass a pipeline
+    printed IR and object files (kbd.engine.dumps) and, for a kernel that did not pass a pipeline
     stage, a reproducer bundle (`failure`: how the stage ended, before any xfail applies)."""
     try:
         record.dumps = dumps.collect(job, log_path)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kbd.outcome import Record
+    from kbd.results.record import Record
 
 KEYS = ("filesystem", "network")
 NOT_ENFORCED = "not enforced: "

@@ -7,11 +7,11 @@ import signal as signals
 
 import msgspec
 
-from kbd.bench.stats import Benchmark
-from kbd.catalog import Expectation
-from kbd.limits import format_size
-from kbd.outcomes import Outcome, is_failure
-from kbd.protocol import Coverage, Mode, Result
+from kbd.plan.catalog import Expectation
+from kbd.plan.limits import format_size
+from kbd.results.stats import Benchmark
+from kbd.shared.outcomes import Outcome, is_failure
+from kbd.shared.protocol import Coverage, Mode, Result
 
 LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
 # An LLVM abort that is an allocation failure. RuntimeDyld (the JIT's linker) says "Unable to

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from kbd.protocol import BenchLoop, BenchSamples
+from kbd.shared.protocol import BenchLoop, BenchSamples
 
 UNSTABLE_SPREAD = 0.10
 CONFIDENCE = 0.95

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import containment
 from kbd.bench import summary as bench_summary
-from kbd.limits import format_size
-from kbd.outcome import Record
-from kbd.outcomes import CODES, format_counts, sort_key
+from kbd.plan.limits import format_size
+from kbd.results.record import Record
+from kbd.shared import containment
+from kbd.shared.outcomes import CODES, format_counts, sort_key
 
 
 def line(record: Record) -> str:

@@ -15,13 +15,13 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from kbd import dumps
-from kbd.catalog import Entry
-from kbd.limits import WORKER_BASE_BYTES, format_size
-from kbd.outcome import Record, label
-from kbd.protocol import Job
-from kbd.runner import run_kernel
-from kbd.spawner import Spawner, TemplateError
+from kbd.engine import dumps
+from kbd.engine.runner import run_kernel
+from kbd.engine.spawner import Spawner, TemplateError
+from kbd.plan.catalog import Entry
+from kbd.plan.limits import WORKER_BASE_BYTES, format_size
+from kbd.results.record import Record, label
+from kbd.shared.protocol import Job
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from typing import Any
 import msgspec
 import yaml
 
-from kbd.errors import InputError
-from kbd.levels import schema
-from kbd.outcomes import CODES, EXPECTABLE
-from kbd.protocol import Input, Scalar, Tensor
-from kbd.shapes import DTYPE_BYTES, Shape, parse_dims, parse_shape
+from kbd.plan import schema
+from kbd.shared.errors import InputError
+from kbd.shared.outcomes import CODES, EXPECTABLE
+from kbd.shared.protocol import Input, Scalar, Tensor
+from kbd.shared.shapes import DTYPE_BYTES, Shape, parse_dims, parse_shape
 
 REPO_ROOT = schema.REPO_ROOT
 LEVELS_DIR = schema.LEVELS_DIR

@@ -20,7 +20,7 @@ import re
 
 import msgspec
 
-from kbd.errors import InputError
+from kbd.shared.errors import InputError
 
 DTYPE_BYTES = {
     "f64": 8,

@@ -21,17 +21,18 @@ from pathlib import Path
 import anyio
 import psutil
 
-from kbd import catalog, containment, limits
-from kbd.catalog import Entry
-from kbd.containment import NOT_ENFORCED
-from kbd.outcome import Record
-from kbd.protocol import Job, Limits, Tensor
-from kbd.runner import run_kernel
-from kbd.shapes import parse_shape
-from kbd.spawner import Spawner
-from kbd.store import Store
+from kbd.engine.runner import run_kernel
+from kbd.engine.spawner import Spawner
+from kbd.plan import catalog, limits
+from kbd.plan.catalog import Entry
+from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared import containment
+from kbd.shared.containment import NOT_ENFORCED
+from kbd.shared.protocol import Job, Limits, Tensor
+from kbd.shared.shapes import parse_shape
 
-PROBE_SOURCE = Path(__file__).resolve().parent / "worker" / "probe_kernel.py"
+PROBE_SOURCE = Path(__file__).resolve().parent.parent / "worker" / "probe_kernel.py"
 PREFIX = "kbd-probe "  # = probe_kernel.PREFIX (that module imports torch)
 TARGETS_ENV = "KBD_PROBE_TARGETS"
 STORE_ENV = "KBD_PROBE_STORE"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kbd.protocol import Budget
+from kbd.shared.protocol import Budget
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 LEVELS_DIR = REPO_ROOT / "levels"

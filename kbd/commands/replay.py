@@ -2,7 +2,7 @@
 
 The worker is forked from a warm template exactly as in a sweep (memory cap, one pinned core,
 filesystem and network containment, a timeout) and runs the bundle's one stage on the bundle's
-IR (kbd/worker/stages.py). Its end is classified like a kernel's (kbd.outcome.classify) and
+IR (kbd/worker/stages.py). Its end is classified like a kernel's (kbd.results.record.classify) and
 printed beside the original failure. Exit status: 1 when the stage fails (the same way or not),
 0 when it now passes, 2 for a bad bundle. Supervisor side: no torch.
 """
@@ -16,13 +16,15 @@ from pathlib import Path
 
 import anyio
 
-from kbd import bundles, containment, limits, runner
-from kbd.bundles import Bundle
-from kbd.commands import template_env
+from kbd.commands.run import template_env
 from kbd.daemon import identity
-from kbd.outcome import classify
-from kbd.protocol import Identity, Limits, Replay
-from kbd.spawner import Spawner, TemplateError
+from kbd.engine import bundles, runner
+from kbd.engine.bundles import Bundle
+from kbd.engine.spawner import Spawner, TemplateError
+from kbd.plan import limits
+from kbd.results.record import classify
+from kbd.shared import containment
+from kbd.shared.protocol import Identity, Limits, Replay
 
 EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input is 2, through InputError (kbd.cli)
 

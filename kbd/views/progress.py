@@ -8,10 +8,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from kbd.limits import format_size
-from kbd.outcome import Record
-from kbd.outcomes import format_counts
-from kbd.protocol import START_PHASE
+from kbd.plan.limits import format_size
+from kbd.results.record import Record
+from kbd.shared.outcomes import format_counts
+from kbd.shared.protocol import START_PHASE
 
 
 @dataclass

@@ -6,11 +6,11 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from kbd.errors import InputError
-from kbd.protocol import Tensor
+from kbd.shared.errors import InputError
+from kbd.shared.protocol import Tensor
 
 if TYPE_CHECKING:
-    from kbd.catalog import Entry
+    from kbd.plan.catalog import Entry
 
 _UNITS = {
     "": 1,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgspec
 
-from kbd.errors import InputError
-from kbd.outcome import Record
+from kbd.results.record import Record
+from kbd.shared.errors import InputError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
     finished REAL,
     status TEXT NOT NULL,              -- running | done | interrupted
     command TEXT NOT NULL,
-    options TEXT NOT NULL,             -- the SweepSpec as JSON (kbd.spec), to resume
+    options TEXT NOT NULL,             -- the SweepSpec as JSON (kbd.plan.spec), to resume
     kernels TEXT NOT NULL,             -- JSON list of kernel names, in run order
     config_hash TEXT NOT NULL
 );
@@ -57,7 +57,7 @@ class Sweep:
     finished: float | None
     status: str
     command: str
-    options: str  # the SweepSpec as JSON; kbd.spec.decode reads it
+    options: str  # the SweepSpec as JSON; kbd.plan.spec.decode reads it
     kernels: list[str]
     config_hash: str
 

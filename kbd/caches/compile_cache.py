@@ -12,7 +12,7 @@ the code that built it.
 
 The worker links the JIT's object code into a shared library (kbd.worker.library), runs the
 kernel from that library, and sends it back in a `Library` frame; the supervisor stores it with
-its calling signature. On a hit the supervisor verifies the entry (kbd.entries: size and
+its calling signature. On a hit the supervisor verifies the entry (kbd.caches.entries: size and
 sha256), copies the library into the worker's scratch folder and names it in the job; the
 worker loads it instead of importing, lowering and compiling. Workers never write the cache.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import entries, import_cache
+from kbd.caches import entries, import_cache
 from kbd.daemon import identity
-from kbd.protocol import CompileCache, Job, Library
+from kbd.shared.protocol import CompileCache, Job, Library
 
 FORMAT = "kbd-compile-cache 1"
 DEFAULT_MAX_BYTES = 1 << 30

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import msgspec
 
-from kbd import __version__, descriptor, target
+from kbd import __version__
 from kbd.daemon import identity
-from kbd.errors import InputError
-from kbd.outcome import Record
-from kbd.outcomes import Outcome
-from kbd.protocol import (
+from kbd.plan import descriptor, target
+from kbd.results.record import Record
+from kbd.shared.errors import InputError
+from kbd.shared.outcomes import Outcome
+from kbd.shared.protocol import (
     STAGE_INPUT,
     STAGE_SNAPSHOT,
     Identity,

@@ -1,0 +1,6 @@
+"""Planning: what to run, read and validated at the edge.
+
+The levels files (`schema`, `catalog`), the typed specification of a run or sweep (`spec`),
+pipeline descriptors (`descriptor`), the finder that picks a kernel's family schedule
+(`pipelines`, `target`) and the machine's resources and per-kernel memory estimates (`limits`).
+"""
