@@ -9,13 +9,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from kbd import __version__
+from kbd.bench.compare import THRESHOLD
 from kbd.levels import cli as levels_cli
 from kbd.plan import spec
+from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, DEFAULT_DB, Invocation
+from kbd.plan.spec import SweepSpec
 from kbd.shared.errors import InputError
+from kbd.shared.protocol import BenchOptions
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Option defaults come from the types they fill; help strings show them with %(default)s.
+SPEC = SweepSpec()
+BENCH = BenchOptions()
 
 DESCRIPTION = """\
 Run KernelBench kernels through torch-mlir and an MLIR pipeline, JIT them with the MLIR
@@ -94,23 +102,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
     comp.add_argument(
         "--mode",
         choices=("import", "compile", "both"),
-        default="import",
-        help="import: torch.export of the whole forward into one MLIR function (default); "
+        default=SPEC.mode,
+        help="import: torch.export of the whole forward into one MLIR function; "
         "compile: torch.compile with kbd as the Dynamo backend, each captured subgraph through "
-        "MLIR and the rest in eager (coverage is recorded); both: each kernel both ways",
+        "MLIR and the rest in eager (coverage is recorded); both: each kernel both ways "
+        "(default %(default)s)",
     )
-    comp.add_argument("--seed", type=int, default=0, help="seed for torch and numpy (default 0)")
+    comp.add_argument(
+        "--seed", type=int, default=SPEC.seed, help="seed for torch and numpy (default %(default)s)"
+    )
     comp.add_argument(
         "--tolerance",
         type=float,
-        default=0.01,
-        help="rtol = atol for allclose against eager (default 0.01)",
+        default=SPEC.tolerance,
+        help="rtol = atol for allclose against eager (default %(default)s)",
     )
     comp.add_argument(
         "--max-tolerance",
         type=float,
-        default=1.0,
-        help="largest tolerance tried when reporting a mismatch (default 1.0)",
+        default=SPEC.max_tolerance,
+        help="largest tolerance tried when reporting a mismatch (default %(default)s)",
     )
     comp.add_argument(
         "-O",
@@ -182,32 +193,34 @@ def _common(parser: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--bench-time",
         type=float,
-        default=1.0,
+        default=BENCH.min_time_s,
         metavar="SECONDS",
-        help="minimum measured time per side and kernel (default 1.0)",
+        help="minimum measured time per side and kernel (default %(default)s)",
     )
     bench.add_argument(
         "--bench-samples",
         type=int,
-        default=10,
+        default=BENCH.min_samples,
         metavar="N",
-        help="minimum samples per side and kernel (default 10)",
+        help="minimum samples per side and kernel (default %(default)s)",
     )
     bench.add_argument(
         "--bench-budget",
         type=float,
-        default=20.0,
+        default=BENCH.budget_s,
         metavar="SECONDS",
-        help="stop sampling a kernel after this long, reporting the samples taken (default 20)",
+        help="stop sampling a kernel after this long, reporting the samples taken "
+        "(default %(default)s)",
     )
     bench.add_argument(
         "--bench-processes",
         type=int,
-        default=3,
+        default=BENCH.processes,
         metavar="N",
         help="time each kernel in N worker processes, one after another, sharing out the time, "
         "samples and budget above; the speedup's interval then includes how much processes "
-        "differ, which one process cannot see (default 3; 1 times in the checking worker only)",
+        "differ, which one process cannot see (default %(default)s; 1 times in the checking "
+        "worker only)",
     )
     bench.add_argument(
         "--bench-concurrently",
@@ -218,9 +231,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--shapes",
         choices=("smoke", "bench"),
-        default="smoke",
+        default=SPEC.shapes,
         help="default levels files: smoke shapes (levels/level*.yaml, quick to run) or "
-        "benchmark shapes (levels/bench/level*.yaml, big enough to time); default smoke",
+        "benchmark shapes (levels/bench/level*.yaml, big enough to time); default %(default)s",
     )
     lim = parser.add_argument_group("workers and limits")
     lim.add_argument(
@@ -233,16 +246,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--timeout",
         type=float,
-        default=600.0,
+        default=SPEC.timeout,
         metavar="SECONDS",
-        help="per-kernel wall-time limit; the worker's process group is killed (default 600)",
+        help="per-kernel wall-time limit; the worker's process group is killed "
+        "(default %(default)s)",
     )
     lim.add_argument(
         "--mem-limit",
         metavar="SIZE",
         default=spec.DEFAULT_MEM_LIMIT,
         help="per-worker memory cap, e.g. 2GiB (RLIMIT_DATA plus an RSS watch; "
-        "default 4GiB; 'none' to disable)",
+        "default %(default)s; 'none' to disable)",
     )
     lim.add_argument(
         "--mem-budget",
@@ -294,8 +308,8 @@ def _db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
         metavar="PATH",
-        default=".kbd/results.db",
-        help="results database (default .kbd/results.db)",
+        default=DEFAULT_DB,
+        help="results database (default %(default)s)",
     )
 
 
@@ -316,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         "line per kernel (outcome, phase, time, peak memory, tolerance). Nothing is stored.",
     )
     _common(run)
+    # what only a sweep can say: a run's namespace has the same fields, at their defaults
+    run.set_defaults(smoke_test=False, resume=None, cluster=None, shard=None, detach=False)
 
     sweep = sub.add_parser(
         "sweep",
@@ -408,10 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--threshold",
         type=float,
-        default=0.05,
+        default=THRESHOLD,
         metavar="FRACTION",
         help="a change is significant when its 95%% interval excludes 1 and it is at least "
-        "this large (default 0.05, i.e. 5%%)",
+        "this large (default %(default)s)",
     )
     compare.add_argument(
         "--fail-on-regression",
@@ -439,15 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--timeout",
         type=float,
-        default=600.0,
+        default=SPEC.timeout,
         metavar="SECONDS",
-        help="wall-time limit of the worker (default 600)",
+        help="wall-time limit of the worker (default %(default)s)",
     )
     replay.add_argument(
         "--mem-limit",
         metavar="SIZE",
         default=spec.DEFAULT_MEM_LIMIT,
-        help="memory cap of the worker (default 4GiB; 'none' to disable)",
+        help="memory cap of the worker (default %(default)s; 'none' to disable)",
     )
     replay.add_argument(
         "--log-dir", metavar="DIR", help="where the worker's log goes (default .kbd/logs/replay-*)"
@@ -496,9 +512,9 @@ def _daemon_parser(sub) -> None:
         parser.add_argument(
             "--idle-timeout",
             type=float,
-            default=1800.0,
+            default=DAEMON_IDLE_TIMEOUT_S,
             metavar="SECONDS",
-            help="exit after this long without clients or work (default 1800; 0: never)",
+            help="exit after this long without clients or work (default %(default)s; 0: never)",
         )
     run.add_argument("--log", metavar="FILE", help="append output to FILE instead of stderr")
     run.add_argument(
@@ -528,10 +544,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        invocation = Invocation.of(args)
         if args.command in ("run", "sweep"):
-            from kbd.commands import run as commands
+            from kbd.commands import run
 
-            return commands.run_or_sweep(args)
+            return run.run_or_sweep(invocation, _spec(args, invocation))
         if args.command == "replay":
             from kbd.commands import replay
 
@@ -543,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("attach", "cancel"):
             from kbd.daemon import submit
 
-            return submit.attach(args) if args.command == "attach" else submit.cancel(args)
+            if args.command == "attach":
+                return submit.attach(invocation)
+            return submit.cancel(invocation)
         if args.command == "daemon":
             from kbd.daemon import commands as daemon_commands
 
@@ -553,12 +572,12 @@ def main(argv: list[str] | None = None) -> int:
         from kbd.commands import history
 
         if args.command == "results":
-            return history.show_results(args)
+            return history.show_results(invocation)
         if args.command == "compare":
             from kbd.bench import compare
 
             return compare.main(args)
-        return history.list_sweeps(args)
+        return history.list_sweeps(invocation)
     except InputError as exc:
         print(f"kbd: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -568,3 +587,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `kbd results | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+
+
+def _spec(args: argparse.Namespace, invocation: Invocation) -> SweepSpec | None:
+    """The spec the command line gives; None when it resumes a stored sweep (whose spec rules)."""
+    if invocation.resume:
+        return None
+    options = spec.from_args(args, Path.cwd())
+    if options.dump_assembly:  # a fact of this machine, checked before anything runs
+        from kbd.engine import dumps
+
+        dumps.require_disassembler()
+    return options

@@ -23,8 +23,7 @@ from pathlib import Path
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd.engine.spawner import Spawner
-from kbd.plan import limits
+from kbd.engine.spawner import Spawner, template_env
 from kbd.shared import protocol
 from kbd.shared.protocol import Job, Limits, Phase
 
@@ -71,7 +70,7 @@ def fresh_interpreter_start(samples: int) -> list[float]:
 
 async def worker_start(samples: int, kb: Path) -> list[float]:
     """Spawn request -> first heartbeat, for `samples` workers in a row."""
-    env = {**os.environ, **limits.thread_env(1)}
+    env = template_env(1)
     source = kb / "level1" / "0_start.py"
     job = Job(
         kernel="level1/0_start.py", source=str(source), source_text=source.read_text(),

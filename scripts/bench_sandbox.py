@@ -26,9 +26,9 @@ import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kbd.commands.doctor import machine_line
-from kbd.engine.spawner import Spawner
-from kbd.plan import limits
-from kbd.shared import containment, protocol
+from kbd.engine.scratch import remove_tree, scratch_folder, store_files
+from kbd.engine.spawner import Spawner, template_env
+from kbd.shared import protocol
 from kbd.shared.protocol import Job, Limits, Phase
 from kbd.worker import landlock, sandbox, seccomp
 
@@ -63,12 +63,12 @@ def job(contained: bool, scratch: Path) -> Job:
 async def worker_times(samples: int) -> dict[bool, tuple[list[float], list[float]]]:
     """{contained: (spawn -> heartbeat, spawn -> reaped)} over alternating workers."""
     times: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
-    env = {**os.environ, **limits.thread_env(1)}
+    env = template_env(1)
     with tempfile.TemporaryDirectory() as logs:
         async with Spawner.started(env, Path(logs) / "template.log") as spawner:
             for i in range(2 * samples + 2):
                 contained = i % 2 == 0
-                with containment.scratch_folder("bench") as scratch:
+                with scratch_folder("bench") as scratch:
                     message = job(contained, scratch)
                     start = time.perf_counter()
                     worker = await spawner.spawn()
@@ -90,7 +90,7 @@ async def worker_times(samples: int) -> dict[bool, tuple[list[float], list[float
 def mechanism_times(samples: int) -> dict[str, list[float]]:
     """Seconds each mechanism takes, timed inside a freshly forked child (no fork noise)."""
     scratch = tempfile.mkdtemp(prefix="kbd-bench-")
-    hidden = list(containment.store_files(Path(".kbd") / "results.db"))  # as a sweep here would
+    hidden = list(store_files(Path(".kbd") / "results.db"))  # as a sweep here would
     steps = {
         "network namespace": sandbox.isolate_network,
         "landlock ruleset": lambda: landlock.restrict([scratch], ["/dev/null"]),
@@ -111,11 +111,11 @@ def mechanism_times(samples: int) -> dict[str, list[float]]:
             found[name].append(struct.unpack("d", os.read(read, 8))[0])
             os.close(read)
             os.waitpid(pid, 0)
-    containment.remove_tree(Path(scratch))
+    remove_tree(Path(scratch))
     folder: list[float] = []
     for _ in range(samples):
         start = time.perf_counter()
-        with containment.scratch_folder("bench"):
+        with scratch_folder("bench"):
             pass
         folder.append(time.perf_counter() - start)
     found["scratch folder (make + remove)"] = folder

@@ -36,20 +36,6 @@ def test_help_does_not_import_torch(command):
     assert "usage: kbd" in result.stdout
 
 
-def test_supervisor_modules_do_not_import_torch():
-    code = (
-        "import sys\n"
-        "import kbd.cli, kbd.commands.run, kbd.commands.history, kbd.engine.scheduler\n"
-        "import kbd.engine.runner, kbd.results.store, kbd.views.reports, kbd.views.progress\n"
-        "import kbd.plan.catalog, kbd.plan.descriptor, kbd.engine.spawner\n"
-        "import kbd.cluster, kbd.cluster.versions, kbd.cluster.wire\n"
-        "bad = [m for m in ('torch', 'torch_mlir', 'numpy', 'ray') if m in sys.modules]\n"
-        "assert not bad, bad\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-
-
 def test_every_option_of_every_command_has_help():
     from kbd.cli import build_parser
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from kbd.results.record import Record
-from kbd.shared import containment
+from kbd.views import reports
 from kbd.worker import landlock
 from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, json_records, kbd
 
@@ -173,10 +173,10 @@ def test_doctor_strict_fails_when_a_mechanism_is_missing(tmp_path):
     assert "not enforced here: filesystem" in result.stderr
 
 
-def test_summary_lines_count_kernels_per_reason():
+def test_containment_lines_count_kernels_per_reason():
     off = {"filesystem": "not enforced: no Landlock", "network": "netns"}
     records = [Record(kernel=f"k{i}", outcome="pass", phase="check", limits=off) for i in (1, 2)]
-    assert containment.summary_lines(records) == [
+    assert reports.containment_lines(records) == [
         "containment: filesystem not enforced for 2 kernels: no Landlock"
     ]
 

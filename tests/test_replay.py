@@ -13,10 +13,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kbd.commands import run as commands
-from kbd.engine import bundles
+from kbd.engine import bundles, prepare
 from kbd.engine.scheduler import Hooks, run_plan
-from kbd.engine.spawner import Spawner
+from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import spec
 from tests.conftest import FIXTURE_KB, FIXTURE_LEVELS, ROOT, kbd
 
@@ -55,12 +54,12 @@ def failed(tmp_path_factory):
             import_cache=False,
             print_original_module=True,  # into the log
         )
-        plans += commands._plan(options, None)
+        plans += prepare.plan(options, None)
     cores = tuple(sorted(os.sched_getaffinity(0)))[:1]
     logs = cwd / "logs"
 
     async def run_all():
-        async with Spawner.started(commands.template_env(1), logs / "template.log") as spawner:
+        async with Spawner.started(template_env(1), logs / "template.log") as spawner:
             return [
                 await run_plan(spawner, p, cores, timeout=120, log_dir=logs, hooks=Hooks())
                 for p in plans

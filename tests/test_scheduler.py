@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from kbd.engine.scheduler import Hooks, Planned, Pool, core_slots, execute, order
-from kbd.engine.spawner import TemplateError
 from kbd.plan.catalog import Entry
 from kbd.plan.limits import WORKER_BASE_BYTES
 from kbd.results.record import Record
+from kbd.shared.errors import TemplateError
 from kbd.shared.protocol import Job, Limits
 
 MiB = 1 << 20

@@ -11,7 +11,7 @@ import shutil
 
 import anyio
 
-from kbd.commands import run as commands
+from kbd.engine import prepare
 from kbd.engine.scheduler import Hooks, run_plan
 from kbd.engine.spawner import Spawner
 from kbd.plan import spec
@@ -29,7 +29,7 @@ def test_jobs_run_after_kernelbench_and_schedules_are_gone(tmp_path):
         kernelbench=str(kb),
         pipeline=(str(schedules / "tiled-lowering.yaml"),),  # with a transform script
     )
-    plans = commands._plan(options, None)
+    plans = prepare.plan(options, None)
     cores = tuple(sorted(os.sched_getaffinity(0)))
     assert any(stage.kind == "transform" and stage.script for stage in plans[0].job.stages)
     shutil.rmtree(kb)

@@ -80,7 +80,7 @@ def test_stored_spec_round_trips_and_validates():
 
 
 def test_target_and_features_choose_the_family_schedule(tmp_path):
-    from kbd.commands.run import SCHEDULES_DIR
+    from kbd.engine.prepare import SCHEDULES_DIR
     from kbd.plan import pipelines
     from kbd.plan.catalog import Entry
 
@@ -104,7 +104,7 @@ def test_target_and_features_choose_the_family_schedule(tmp_path):
 
 
 def test_family_schedules_are_used_unless_smoke_testing_or_told(tmp_path):
-    from kbd.commands.run import SCHEDULES_DIR
+    from kbd.engine.prepare import SCHEDULES_DIR
     from kbd.plan import pipelines
     from kbd.plan.catalog import Entry
 

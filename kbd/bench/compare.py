@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
-from kbd.bench.summary import CORRECT
-from kbd.commands.history import open_store
 from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared.outcomes import CORRECT
 
 Z95 = 1.959964
+# A difference is significant only when at least this large (--threshold's default): see above.
+THRESHOLD = 0.05
 
 
 class KernelComparison(msgspec.Struct, frozen=True):
@@ -46,7 +49,9 @@ class KernelComparison(msgspec.Struct, frozen=True):
         )
 
 
-def compare(a: Sequence[Record], b: Sequence[Record], threshold: float) -> list[KernelComparison]:
+def compare(
+    a: Sequence[Record], b: Sequence[Record], threshold: float = THRESHOLD
+) -> list[KernelComparison]:
     """One row per kernel in either sweep, in A's order then B's new kernels.
 
     Records pair up by kernel and mode (`--mode both` sweeps give two rows per kernel), or by
@@ -158,9 +163,9 @@ def report(rows: Sequence[KernelComparison], label_a: str, label_b: str, thresho
 
 def main(args) -> int:
     """`kbd compare A B`: exit 0, or 1 with --fail-on-regression and a regression."""
-    store = open_store(args)
+    store = Store.existing(Path(args.db))
     sweeps = [store.sweep(args.a), store.sweep(args.b)]
-    records = [_ordered(store.records(s.id), s.kernels) for s in sweeps]
+    records = [store.records(s.id) for s in sweeps]
     rows = compare(records[0], records[1], args.threshold)
     if args.json:
         for row in rows:
@@ -180,10 +185,3 @@ def _modes(records: list[Record]) -> str:
     """' (compile mode)' or ' (import and compile mode)'; nothing for import mode alone."""
     modes = sorted({r.mode for r in records}, key=lambda m: m != "import")
     return "" if modes in ([], ["import"]) else f" ({' and '.join(modes)} mode)"
-
-
-def _ordered(records: list[Record], kernels: list[str]) -> list[Record]:
-    position = {k: i for i, k in enumerate(kernels)}
-    return sorted(
-        records, key=lambda r: (position.get(r.kernel, len(position)), r.mode != "import")
-    )

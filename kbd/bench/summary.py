@@ -16,9 +16,9 @@ import msgspec
 
 from kbd.results.record import Record
 from kbd.results.stats import format_ns
+from kbd.shared.outcomes import CORRECT
 
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
-CORRECT = ("pass", "xpass")
 
 
 class LevelFigures(msgspec.Struct, frozen=True):

@@ -29,7 +29,7 @@ from kbd.cluster import versions, wire
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
 from kbd.engine import scheduler
 from kbd.engine.scheduler import Hooks, Planned
-from kbd.engine.spawner import Spawner
+from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import limits
 from kbd.shared.protocol import START_PHASE, Phase
 
@@ -77,13 +77,11 @@ class Agent:
         # The template runs the very kbd this agent imported (the one whose hash the head checked),
         # whatever Ray added to this process's sys.path.
         kbd_root = str(Path(kbd.__file__).resolve().parent.parent)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [kbd_root, os.environ.get("PYTHONPATH")])),
-            **limits.thread_env(len(self.slots[0])),
-            "PYTHONFAULTHANDLER": "1",
-            "KBD_NODE": self.node,  # where a kernel runs, for its log
-        }
+        env = template_env(
+            len(self.slots[0]),
+            PYTHONPATH=os.pathsep.join(filter(None, [kbd_root, os.environ.get("PYTHONPATH")])),
+            KBD_NODE=self.node,  # where a kernel runs, for its log
+        )
         log = self.log_dir / f"template-{self.node.replace('/', '-')}.log"
         try:
             async with Spawner.started(env, log) as spawner:

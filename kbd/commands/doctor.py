@@ -22,12 +22,13 @@ import anyio
 import psutil
 
 from kbd.engine.runner import run_kernel
-from kbd.engine.spawner import Spawner
+from kbd.engine.scratch import store_files
+from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import catalog, limits
 from kbd.plan.catalog import Entry
+from kbd.plan.invocation import DEFAULT_DB
 from kbd.results.record import Record
 from kbd.results.store import Store
-from kbd.shared import containment
 from kbd.shared.containment import NOT_ENFORCED
 from kbd.shared.protocol import Job, Limits, Tensor
 from kbd.shared.shapes import parse_shape
@@ -76,19 +77,20 @@ def machine_line() -> str:
 async def run_checks() -> list[Check]:
     with tempfile.TemporaryDirectory(prefix="kbd-doctor-") as tmp:
         work = Path(tmp)
-        store = Store(work / ".kbd" / "results.db")  # held open, as during a sweep
+        store = Store(work / DEFAULT_DB)  # held open, as during a sweep
         targets = [Path.home(), work / ".kbd", catalog.REPO_ROOT, Path.cwd()]
-        env = {
-            **os.environ,
-            **limits.thread_env(1),
-            TARGETS_ENV: os.pathsep.join(str(t) for t in dict.fromkeys(targets)),
-            STORE_ENV: str(store.path),
-        }
+        env = template_env(
+            1,
+            **{
+                TARGETS_ENV: os.pathsep.join(str(t) for t in dict.fromkeys(targets)),
+                STORE_ENV: str(store.path),
+            },
+        )
         try:
             async with Spawner.started(env, work / "logs" / "template.log") as spawner:
                 core = limits.usable_cores()[-1]
 
-                hidden = containment.store_files(store.path)
+                hidden = store_files(store.path)
 
                 async def probe(check: str, **options) -> Record:
                     return await _probe(spawner, work, check, core=core, hidden=hidden, **options)

@@ -3,37 +3,28 @@
 from __future__ import annotations
 
 import time
-from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
 from kbd.bench import report
 from kbd.plan import spec
+from kbd.plan.invocation import Invocation
 from kbd.results.store import Store, Sweep
-from kbd.shared.errors import InputError
 from kbd.shared.outcomes import format_counts
 from kbd.views import reports
 
 
-def open_store(args: Namespace) -> Store:
-    path = Path(args.db)
-    if not path.exists():
-        raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
-    return Store(path)
-
-
-def show_results(args: Namespace) -> int:
-    store = open_store(args)
-    sweep = store.sweep(args.id)
+def show_results(invocation: Invocation) -> int:
+    """`kbd results [ID]`: a stored sweep's records, as lines, JSON Lines, JUnit or HTML."""
+    store = Store.existing(invocation.store_path)
+    sweep = store.sweep(invocation.id)
     records = store.records(sweep.id)
-    position = {k: i for i, k in enumerate(sweep.kernels)}
-    records.sort(key=lambda r: (position.get(r.kernel, len(position)), r.mode != "import"))
-    if args.junit:
-        reports.write_junit(records, Path(args.junit))
-    if args.html:
+    if invocation.junit:
+        reports.write_junit(records, Path(invocation.junit))
+    if invocation.html:
         page = report.render(records, f"kbd sweep {sweep.id}: {sweep.command}")
-        Path(args.html).write_text(page)
-    if args.json:
+        Path(invocation.html).write_text(page)
+    if invocation.json:
         for record in records:
             print(reports.json_line(record))
         return 0
@@ -48,8 +39,9 @@ def show_results(args: Namespace) -> int:
     return 0
 
 
-def list_sweeps(args: Namespace) -> int:
-    store = open_store(args)
+def list_sweeps(invocation: Invocation) -> int:
+    """`kbd sweeps`: one line per stored sweep."""
+    store = Store.existing(invocation.store_path)
     sweeps = store.sweeps()
     if not sweeps:
         print("no sweeps recorded")

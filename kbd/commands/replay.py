@@ -16,14 +16,14 @@ from pathlib import Path
 
 import anyio
 
-from kbd.commands.run import template_env
 from kbd.daemon import identity
 from kbd.engine import bundles, runner
 from kbd.engine.bundles import Bundle
-from kbd.engine.spawner import Spawner, TemplateError
+from kbd.engine.scratch import scratch_folder
+from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import limits
 from kbd.results.record import classify
-from kbd.shared import containment
+from kbd.shared.errors import TemplateError
 from kbd.shared.protocol import Identity, Limits, Replay
 
 EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input is 2, through InputError (kbd.cli)
@@ -74,7 +74,7 @@ async def _replay(bundle: Bundle, timeout: float, mem_limit: int | None, log_dir
     env = template_env(1)  # as a sweep's template, for one-core workers
     core = limits.usable_cores()[0]
     name = f"replay {bundle.manifest.kernel}"
-    with containment.scratch_folder(name) as scratch:
+    with scratch_folder(name) as scratch:
         task = Replay(
             kernel=bundle.manifest.kernel,
             module=bundle.module,

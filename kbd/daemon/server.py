@@ -48,7 +48,6 @@ log = logging.getLogger("kbd.daemon")
 
 HELLO_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 2.0
-DEFAULT_IDLE_TIMEOUT_S = 1800.0
 
 
 def run(paths: StatePaths, *, idle_timeout: float, log_file: Path | None, work: Work) -> int:

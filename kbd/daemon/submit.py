@@ -13,16 +13,15 @@ import select
 import shlex
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import msgspec
 
-from kbd.commands import run as commands
 from kbd.daemon import client
 from kbd.daemon.client import Connection, DaemonError, DaemonLost
 from kbd.daemon.state import StatePaths
 from kbd.plan import catalog, spec
+from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, Invocation
 from kbd.plan.spec import SweepSpec
 from kbd.results.record import Record
 from kbd.results.store import Store, Sweep
@@ -41,34 +40,27 @@ from kbd.shared.protocol import (
     SubmitRequest,
     SweepEnded,
 )
+from kbd.views import reports
 from kbd.views.progress import Progress
 
-DEFAULT_DB = Path(".kbd") / "results.db"
-IDLE_TIMEOUT_S = 1800.0
 
-
-def store_path(args: Namespace) -> Path:
-    return Path(getattr(args, "db", None) or DEFAULT_DB)
-
-
-def run_or_sweep(args: Namespace, options: SweepSpec, resumed: Sweep | None) -> int | None:
+def run_or_sweep(invocation: Invocation, options: SweepSpec, resumed: Sweep | None) -> int | None:
     """Run in the daemon and return the exit status; None: run in this process instead."""
-    paths = StatePaths.for_store(store_path(args))
-    mode = "yes" if getattr(args, "detach", False) else args.daemon
+    paths = StatePaths.for_store(invocation.store_path)
+    mode = "yes" if invocation.detach else invocation.daemon
     connection = _connection(paths, mode)
     if connection is None:
         return None
     # resolve what depends on this shell (KBD_KERNELBENCH) before it crosses to the daemon
     root = catalog.kernelbench_root(options.kernelbench)
     options = msgspec.structs.replace(options, kernelbench=str(root.resolve()))
-    sweep = args.command == "sweep"
     request = SubmitRequest(
         spec=spec.encode(options),
-        sweep=sweep,
+        sweep=invocation.sweep,
         command=shlex.join(["kbd", *sys.argv[1:]]),
         resume=resumed.id if resumed is not None else None,
-        log_dir=str(Path(args.log_dir).resolve()) if args.log_dir else None,
-        detach=getattr(args, "detach", False),
+        log_dir=str(Path(invocation.log_dir).resolve()) if invocation.log_dir else None,
+        detach=invocation.detach,
     )
     reply = connection.request(request)
     if isinstance(reply, Refused):
@@ -83,31 +75,30 @@ def run_or_sweep(args: Namespace, options: SweepSpec, resumed: Sweep | None) -> 
             file=sys.stderr,
         )
         return 0
-    return follow(connection, args, reply)
+    return follow(connection, invocation, reply)
 
 
 def _connection(paths: StatePaths, mode: str) -> Connection | None:
     """The daemon to use, or None for in-process (mode auto and none running)."""
     if mode == "yes":
-        return client.ensure(paths, idle_timeout=IDLE_TIMEOUT_S, announce=_say)
+        return client.ensure(paths, idle_timeout=DAEMON_IDLE_TIMEOUT_S, announce=_say)
     connection = client.connect(paths)
     if connection is None:
         return None
     if connection.differences():
         connection.close()
         try:
-            return client.ensure(paths, idle_timeout=IDLE_TIMEOUT_S, announce=_say)
+            return client.ensure(paths, idle_timeout=DAEMON_IDLE_TIMEOUT_S, announce=_say)
         except DaemonError as exc:
             _say(f"kbd: not using the daemon: {exc}; running in this process")
             return None
     return connection
 
 
-def follow(connection: Connection, args: Namespace, accepted: Accepted) -> int:
+def follow(connection: Connection, invocation: Invocation, accepted: Accepted) -> int:
     """Show a sweep's progress until it ends; Ctrl-C detaches (a `kbd run` is cancelled)."""
     sweep_id = accepted.sweep_id
-    as_json = getattr(args, "json", False)
-    progress = Progress(total=accepted.total, live=sys.stderr.isatty() and not as_json)
+    progress = Progress(total=accepted.total, live=sys.stderr.isatty() and not invocation.json)
     records: list[Record] = []
     started = time.monotonic()
     try:
@@ -126,7 +117,7 @@ def follow(connection: Connection, args: Namespace, accepted: Accepted) -> int:
             elif isinstance(event, KernelFinished):
                 record = msgspec.msgpack.decode(event.record, type=Record)
                 records.append(record)
-                commands.show(args, progress, record)
+                reports.show(invocation, progress, record)
             elif isinstance(event, Notice):
                 progress.notice(event.text)
             elif isinstance(event, SweepEnded):
@@ -155,37 +146,35 @@ def follow(connection: Connection, args: Namespace, accepted: Accepted) -> int:
     connection.close()
     wall = event.wall_s if sweep_id is None else time.monotonic() - started
     if sweep_id is not None:
-        store = Store(store_path(args))
-        kernels = store.sweep(sweep_id).kernels
-        records = commands.in_order(store.records(sweep_id), kernels)
+        records = Store(invocation.store_path).records(sweep_id)
         wall = event.wall_s
-    return commands.report(args, records, wall, event.completed, sweep_id)
+    return reports.report(invocation, records, wall, event.completed, sweep_id)
 
 
-def attach(args: Namespace) -> int:
+def attach(invocation: Invocation) -> int:
     """`kbd attach [ID]`: follow a sweep running in the daemon (never starts one)."""
-    paths = StatePaths.for_store(store_path(args))
+    paths = StatePaths.for_store(invocation.store_path)
     connection = client.connect(paths)
     if connection is None:
         print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
         return 1
-    reply = connection.request(AttachRequest(args.id))
+    reply = connection.request(AttachRequest(invocation.id))
     if isinstance(reply, Refused):
         print(f"kbd: {reply.message}", file=sys.stderr)
         return reply.exit_status
     assert isinstance(reply, Accepted)
     print(f"kbd: following sweep {reply.sweep_id} (Ctrl-C detaches)", file=sys.stderr)
-    return follow(connection, args, reply)
+    return follow(connection, invocation, reply)
 
 
-def cancel(args: Namespace) -> int:
+def cancel(invocation: Invocation) -> int:
     """`kbd cancel ID [--kill]`."""
-    paths = StatePaths.for_store(store_path(args))
+    paths = StatePaths.for_store(invocation.store_path)
     connection = client.connect(paths)
     if connection is None:
         print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
         return 1
-    reply = connection.request(CancelRequest(args.id, kill=args.kill))
+    reply = connection.request(CancelRequest(invocation.id, kill=invocation.kill))
     if isinstance(reply, Done):
         print(f"kbd: {reply.message}", file=sys.stderr)
         return 0

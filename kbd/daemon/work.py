@@ -27,16 +27,15 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from kbd.commands import run as commands
-from kbd.engine import scheduler
+from kbd.engine import prepare, scheduler
 from kbd.engine.scheduler import Control, Hooks, Pool, cores_per_worker
-from kbd.engine.spawner import Spawner
+from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import spec
 from kbd.plan.limits import format_size
 from kbd.results.record import Record
 from kbd.results.store import Store
 from kbd.shared import protocol
-from kbd.shared.errors import InputError
+from kbd.shared.errors import InputError, fatal_error
 from kbd.shared.protocol import (
     START_PHASE,
     Accepted,
@@ -62,7 +61,7 @@ class Active:
     """A sweep or run the daemon is executing."""
 
     key: int
-    prepared: commands.Prepared
+    prepared: prepare.Prepared
     command: str
     log_dir: Path
     control: Control = field(default_factory=Control)
@@ -248,7 +247,7 @@ class Work:
             resumed = store.sweep(request.resume) if request.resume is not None else None
         else:
             store, resumed = None, None
-        prepared = commands.prepare(options, store, resumed, request.command)
+        prepared = prepare.prepare(options, store, resumed, request.command)
         key = prepared.sweep_id if prepared.sweep_id is not None else -next(self._runs)
         if request.log_dir:
             log_dir = Path(request.log_dir)
@@ -271,7 +270,7 @@ class Work:
             completed = await _execute_in(spawner, active, pool, jobs, hooks)
         except Exception as exc:
             try:
-                error = commands.fatal_error(exc)
+                error = fatal_error(exc)
             except BaseException:
                 log.exception("%s failed", active.name)
                 error = exc
@@ -336,7 +335,7 @@ class Work:
             return spawner
 
     async def _keep_template(self, threads: int, *, task_status) -> None:
-        env = commands.template_env(threads)
+        env = template_env(threads)
         log_path = self.store_path.parent / "logs" / f"daemon-template-{threads}.log"
         log.info("starting a template for %d-core workers", threads)
         try:

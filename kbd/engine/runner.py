@@ -23,12 +23,13 @@ from kbd.bench import processes as bench_processes
 from kbd.bench import quiet as quiet_bench
 from kbd.caches import compile_cache, import_cache
 from kbd.engine import bundles, dumps
+from kbd.engine.scratch import scratch_folder
 from kbd.engine.spawner import Spawner, Worker
 from kbd.plan.catalog import Entry
 from kbd.plan.limits import WORKER_BASE_BYTES, format_size
 from kbd.results import stats
 from kbd.results.record import LLVM_ERROR, Death, Record, classify, expect, label
-from kbd.shared import containment, proctree, protocol
+from kbd.shared import proctree, protocol
 from kbd.shared.protocol import (
     Generated,
     Imported,
@@ -107,7 +108,7 @@ async def run_kernel(
 
 
 async def _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
-    with containment.scratch_folder(label(entry.name, job.mode)) as scratch:
+    with scratch_folder(label(entry.name, job.mode)) as scratch:
         limits = msgspec.structs.replace(job.limits, scratch=str(scratch))
         job = msgspec.structs.replace(job, limits=limits)
         return await _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory)

@@ -17,10 +17,11 @@ import msgspec
 
 from kbd.engine import dumps
 from kbd.engine.runner import run_kernel
-from kbd.engine.spawner import Spawner, TemplateError
+from kbd.engine.spawner import Spawner
 from kbd.plan.catalog import Entry
 from kbd.plan.limits import WORKER_BASE_BYTES, format_size
 from kbd.results.record import Record, label
+from kbd.shared.errors import TemplateError
 from kbd.shared.protocol import Job
 
 

@@ -19,14 +19,24 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from kbd.plan import limits
 from kbd.shared import protocol
+from kbd.shared.errors import TemplateError
 from kbd.shared.protocol import Exited, Ready, Spawn, Spawned, TemplateMessage
 
 STARTUP_TIMEOUT = 120.0
 
 
-class TemplateError(Exception):
-    """The template process died or misbehaved; the command cannot start more workers."""
+def template_env(cores_per_worker: int, **extra: str) -> dict[str, str]:
+    """The template's environment: this process's, with thread counts matching the cores each
+    worker is pinned to, Python's fault handler on (a kernel that crashes leaves its stack in its
+    log), and `extra`."""
+    return {
+        **os.environ,
+        **limits.thread_env(cores_per_worker),
+        "PYTHONFAULTHANDLER": "1",
+        **extra,
+    }
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kbd.plan import schema
+from kbd.plan.invocation import DEFAULT_DB
+from kbd.plan.spec import DEFAULT_MEM_LIMIT
 from kbd.shared.errors import InputError
 
 _KERNELBENCH_HELP = (
@@ -46,7 +48,7 @@ def add_parser(sub) -> None:
         choices=tuple(schema.TIERS),
         default="smoke",
         help="smoke: levels/level*.yaml (64 MiB, 2e8 FLOP per kernel); bench: "
-        "levels/bench/level*.yaml (1 GiB, 2e9 FLOP) (default smoke)",
+        "levels/bench/level*.yaml (1 GiB, 2e9 FLOP) (default %(default)s)",
     )
     gen.add_argument("--kernelbench", metavar="DIR", help=_KERNELBENCH_HELP)
     gen.add_argument("--levels-dir", metavar="DIR", help="levels folder (default: levels/)")
@@ -56,16 +58,21 @@ def add_parser(sub) -> None:
     gen.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if a file would change"
     )
-    gen.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="workers (default 1)")
+    gen.add_argument(
+        "-j", "--jobs", type=int, default=1, metavar="N", help="workers (default %(default)s)"
+    )
     gen.add_argument(
         "--timeout",
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="per-problem limit (default 300)",
+        help="per-problem limit (default %(default)s)",
     )
     gen.add_argument(
-        "--mem-limit", default="4GiB", metavar="SIZE", help="per-worker memory cap (default 4GiB)"
+        "--mem-limit",
+        default=DEFAULT_MEM_LIMIT,
+        metavar="SIZE",
+        help="per-worker memory cap (default %(default)s)",
     )
     gen.add_argument("--log-dir", metavar="DIR", help="default .kbd/logs/levels-generate")
 
@@ -77,7 +84,7 @@ def add_parser(sub) -> None:
     )
     xfail.add_argument("sweep", nargs="?", type=int, help="sweep id (default: latest)")
     xfail.add_argument(
-        "--db", metavar="PATH", default=".kbd/results.db", help="default .kbd/results.db"
+        "--db", metavar="PATH", default=DEFAULT_DB, help="results database (default %(default)s)"
     )
     xfail.add_argument(
         "--levels",

@@ -12,7 +12,6 @@ gives byte-identical files, and `--check` writes nothing and exits 1 when a file
 
 from __future__ import annotations
 
-import os
 import sys
 from argparse import Namespace
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import yaml
 
 from kbd.engine import scheduler
 from kbd.engine.runner import run_in_worker
-from kbd.engine.spawner import Spawner
+from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import catalog, limits, schema
 from kbd.plan.schema import Tier
 from kbd.results.record import classify
@@ -141,7 +140,7 @@ async def _measure_all(tasks: list[Generate], jobs: int, timeout: float, log_dir
     slots = scheduler.core_slots(limits.usable_cores(), jobs)
     free = list(slots)
     results: list[Measured] = []
-    env = {**os.environ, **limits.thread_env(len(slots[0]))}
+    env = template_env(len(slots[0]))
     async with Spawner.started(env, log_dir / "template.log") as spawner:
         limiter = anyio.Semaphore(len(slots))
 

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from kbd.shared.errors import InputError
-from kbd.shared.protocol import Tensor
+from kbd.shared.protocol import THREAD_ENV, Tensor
 
 if TYPE_CHECKING:
     from kbd.plan.catalog import Entry
@@ -30,15 +30,14 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
-# A forked worker starts with the template's ~0.5 GB of private data (torch, torch-mlir) and its
-# own allocations during import and JIT; kernel buffers come on top.
+# A forked worker starts with the template's private data (torch and torch-mlir imported) and
+# makes its own allocations during import and JIT; kernel buffers come on top of this estimate.
 WORKER_BASE_BYTES = 700 << 20
-# The smallest --mem-limit a worker can live with: a forked worker already holds the template's
-# ~0.3 GiB of private data (torch and torch-mlir imported), and importing a kernel needs more.
+# The smallest --mem-limit a worker can live with: the template's private data and what
+# importing a kernel needs.
 MIN_MEM_LIMIT = 512 << 20
 BUDGET_FRACTION = 0.75
 RESERVE_BYTES = 2 << 30
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def parse_size(text: str, option: str) -> int:

@@ -17,7 +17,6 @@ from typing import Literal
 
 import msgspec
 
-from kbd.engine import dumps
 from kbd.plan import limits
 from kbd.shared.errors import InputError
 from kbd.shared.protocol import BenchOptions
@@ -175,15 +174,13 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 def from_args(args: Namespace, cwd: Path) -> SweepSpec:
     """The spec of a `kbd run` or `kbd sweep` command line; raises InputError on bad options."""
-    if args.dump_assembly:
-        dumps.require_disassembler()
     return SweepSpec(
         kernels=tuple(args.kernels),
         levels=tuple(str((cwd / f).resolve()) for f in args.levels),
         kernelbench=str((cwd / args.kernelbench).resolve()) if args.kernelbench else None,
-        shard=parse_shard(args.shard) if getattr(args, "shard", None) else None,
+        shard=parse_shard(args.shard) if args.shard else None,
         pipeline=tuple(args.pipeline),
-        smoke_test=getattr(args, "smoke_test", False),
+        smoke_test=args.smoke_test,
         schedules=args.schedules,
         target=args.target,
         features=tuple(args.feature) if args.feature is not None else None,
@@ -203,7 +200,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         require_sandbox=args.require_sandbox,
         shapes=args.shapes,
         bench=_bench_options(args),
-        cluster=parse_cluster(getattr(args, "cluster", None)),
+        cluster=parse_cluster(args.cluster),
         print_mlir_after_all=args.print_mlir_after_all,
         print_original_module=args.print_original_module,
         print_optimized_module=args.print_optimized_module,

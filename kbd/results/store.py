@@ -64,6 +64,7 @@ class Sweep:
 
 class Store:
     def __init__(self, path: Path):
+        """Open the store at `path`, creating it (and its folder) when missing."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -73,6 +74,13 @@ class Store:
             self._db.executescript(SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise InputError(f"{path}: not a kbd results database ({exc})") from None
+
+    @classmethod
+    def existing(cls, path: Path) -> Store:
+        """The store at `path`, which must exist (commands that only read it)."""
+        if not path.exists():
+            raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
+        return cls(path)
 
     def close(self) -> None:
         self._db.close()
@@ -129,11 +137,17 @@ class Store:
         return [_sweep(r) for r in self._db.execute("SELECT * FROM sweeps ORDER BY id")]
 
     def records(self, sweep_id: int) -> list[Record]:
-        """The final record of each kernel and mode of a sweep (the latest attempt wins)."""
+        """The final record of each kernel and mode of a sweep (the latest attempt wins), in the
+        sweep's order: its kernels as planned, import mode before compile mode."""
+        row = self._db.execute("SELECT kernels FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        position = {kernel: i for i, kernel in enumerate(json.loads(row[0]) if row else [])}
         rows = self._db.execute(
             "SELECT record FROM attempts WHERE sweep_id = ? ORDER BY id", (sweep_id,)
         )
-        return list(_latest(rows).values())
+        return sorted(
+            _latest(rows).values(),
+            key=lambda r: (position.get(r.kernel, len(position)), r.mode != "import"),
+        )
 
     def count_attempts(self, sweep_id: int, outcome: str) -> dict[str, int]:
         """kernel -> how many of its attempts in a sweep ended with `outcome` (e.g. `lost`)."""

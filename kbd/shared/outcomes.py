@@ -129,6 +129,7 @@ CODES: dict[str, OutcomeCode] = {code.name: code for code in TABLE}
 ORDER: tuple[str, ...] = tuple(CODES)
 Outcome = Literal[ORDER]  # type: ignore[valid-type]  # built from the table; msgspec checks it
 EXPECTABLE: tuple[str, ...] = tuple(c.name for c in TABLE if c.expectable)
+CORRECT: tuple[str, ...] = tuple(c.name for c in TABLE if c.correct)  # right results
 
 
 def is_final(outcome: str) -> bool:

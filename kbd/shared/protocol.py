@@ -32,6 +32,10 @@ _HEADER = struct.Struct(">I")
 Mode = Literal["import", "compile"]  # torch.export of the whole model, or torch.compile (Dynamo)
 BenchLoop = Literal["jit", "python"]  # how --benchmark timed the compiled side (BenchSamples)
 
+# The variables that set OpenMP's, MKL's and OpenBLAS's thread counts: the supervisor gives the
+# template the cores per worker, and each worker its own pinned cores.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 
 class ProtocolError(Exception):
     """A peer sent something that is not a valid frame."""

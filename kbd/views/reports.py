@@ -1,7 +1,9 @@
-"""Human lines, JSON Lines, summary tables and JUnit XML from kernel records."""
+"""Human lines, JSON Lines, summary tables and JUnit XML from kernel records; what a run or sweep
+prints as each kernel ends and when all have."""
 
 from __future__ import annotations
 
+import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -9,10 +11,12 @@ from pathlib import Path
 import msgspec
 
 from kbd.bench import summary as bench_summary
+from kbd.plan.invocation import Invocation
 from kbd.plan.limits import format_size
 from kbd.results.record import Record
 from kbd.shared import containment
 from kbd.shared.outcomes import CODES, format_counts, sort_key
+from kbd.views.progress import Progress
 
 
 def line(record: Record) -> str:
@@ -83,7 +87,7 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
             message = r.message if not r.signal else f"{r.signal}: {r.message}"
             lines.append(f"{r.outcome:<9}{r.label:<{width + 2}}{r.phase:<28}{message[:160]}")
     lines += artifacts(records)
-    uncontained = containment.summary_lines(records)
+    uncontained = containment_lines(records)
     if uncontained:
         lines += ["", *uncontained]
     if any(r.bench is not None for r in records):
@@ -212,3 +216,47 @@ def bench_properties(record: Record) -> dict[str, str]:
         for k, v in figures.items()
         if v is not None
     }
+
+
+def containment_lines(records: list[Record]) -> list[str]:
+    """One line per missing mechanism and reason, with how many kernels ran without it."""
+    tally = Counter(
+        (key, reason)
+        for record in records
+        for key, reason in containment.missing(record.limits).items()
+    )
+    return [
+        f"containment: {key} not enforced for {count} kernel{'s' if count > 1 else ''}: {reason}"
+        for (key, reason), count in sorted(tally.items())
+    ]
+
+
+def show(invocation: Invocation, progress: Progress, record: Record) -> None:
+    """One finished kernel: its line above the progress block, or a JSON line on stdout."""
+    if invocation.json:
+        print(json_line(record), flush=True)
+        progress.finished(record, None)
+    else:
+        progress.finished(record, line(record))
+
+
+def report(
+    invocation: Invocation,
+    records: list[Record],
+    wall: float,
+    completed: bool,
+    sweep_id: int | None,
+) -> int:
+    """Summary, JUnit, the resume hint at the end of a run or sweep; returns the exit status."""
+    if invocation.junit:
+        write_junit(records, Path(invocation.junit))
+    if not invocation.json or sys.stderr.isatty():
+        print(summary(records, wall), file=sys.stderr if invocation.json else sys.stdout)
+    if sweep_id is not None and not completed:
+        print(
+            f"kbd: sweep {sweep_id} interrupted; continue with `kbd sweep --resume {sweep_id}`",
+            file=sys.stderr,
+        )
+    if not completed:
+        return 130
+    return 1 if any(r.failed for r in records) else 0

@@ -44,11 +44,6 @@ ELEMENT_WISE = frozenset([
 _OP_FAMILY = {op: family for family, ops in FAMILIES.items() for op in ops}
 
 
-def op_names(model: torch.nn.Module, args: Sequence) -> list[str]:
-    """ATen op names (e.g. `linear`, overloads stripped) of the model's exported graph."""
-    return [op.name for op in _ops(torch.export.export(model, tuple(args)))]
-
-
 def classify(names: Iterable[str], flops: dict[str, int] | None = None) -> str | None:
     """The family of a graph with these op names, given the FLOPs of its heavy families."""
     present = {name.rstrip("_") for name in names}  # in-place relu_ is relu

@@ -12,7 +12,7 @@ import os
 import resource
 import signal
 
-from kbd.plan.limits import THREAD_ENV
+from kbd.shared.protocol import THREAD_ENV
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
