@@ -36,7 +36,12 @@ _INGRESS_CODE = (
     "worker/ingress.py",
     "worker/decompositions.py",
     "worker/norms.py",
-    "worker/mlir.py",
+    "worker/mlir/__init__.py",  # the whole package, as when it was one module
+    "worker/mlir/importer.py",
+    "worker/mlir/convention.py",
+    "worker/mlir/rewrites.py",
+    "worker/mlir/apply.py",
+    "worker/mlir/execution.py",
     "worker/state.py",
 )
 _KBD_DIR = Path(__file__).resolve().parent.parent

@@ -1,0 +1,132 @@
+"""Applying one pipeline stage to a module (a pass pipeline, a transform script or one of
+kbd's rewrites), MLIR's diagnostics as StageError, and printing the IR after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from typing import TextIO
+
+from torch_mlir import ir, passmanager
+from torch_mlir.dialects.transform import interpreter
+
+from kbd.shared.protocol import Stage
+from kbd.worker.mlir.importer import module_text
+from kbd.worker.mlir.rewrites import REWRITES
+
+TRANSFORM_ENTRY = "__transform_main"
+
+
+class StageError(Exception):
+    """A pipeline stage failed; the message is MLIR's first error diagnostic."""
+
+
+def apply_stage(module: ir.Module, stage: Stage, *, print_after: TextIO | None = None) -> None:
+    """Run one pipeline stage on the module in place; raises StageError on a failing pass.
+
+    With `print_after` (a text file, or sys.stderr), the module is printed there after every
+    pass of a pass stage (MLIR's IR printing, whole module) and after
+    a transform script, under MLIR's `// -----// IR Dump After ... //----- //` headers."""
+    with _Diagnostics(module.context) as diagnostics:
+        try:
+            with module.context:
+                if stage.kind == "pass" and stage.text in REWRITES:
+                    REWRITES[stage.text](module)  # kbd's own rewrite, not an MLIR pass
+                    if print_after is not None:
+                        print_module(module, f"IR Dump After {stage.text}", print_after)
+                    return
+                if stage.kind == "pass":
+                    pm = passmanager.PassManager.parse(pass_pipeline(stage))
+                    if print_after is None:
+                        pm.run(module.operation)
+                        return
+                    module.context.enable_multithreading(False)  # module scope needs it
+                    pm.enable_ir_printing(print_module_scope=True)
+                    with _stderr_to(print_after):  # MLIR prints to the process's stderr
+                        pm.run(module.operation)
+                    return
+                script = ir.Module.parse(stage.script)
+                entry = _find_named_sequence(script, stage.text)
+                try:
+                    interpreter.apply_named_sequence(module.operation, entry, script.operation)
+                except ValueError as exc:  # the interpreter's failure carries its diagnostics
+                    raise StageError(_transform_error(str(exc))) from None
+                if print_after is not None:
+                    print_module(module, f"IR Dump After transform {stage.name}", print_after)
+        except ir.MLIRError as exc:
+            raise StageError(diagnostics.first_error() or str(exc)) from None
+
+
+_DIAGNOSTIC = re.compile(r"Diagnostic message at loc\(.*?\): (.*)")
+
+
+def _transform_error(text: str) -> str:
+    """`error: <first diagnostic>` of a failed transform sequence, else its first line."""
+    match = _DIAGNOSTIC.search(text)
+    if match:
+        return f"error: {match.group(1).strip()}"
+    return text.strip().splitlines()[0] if text.strip() else "the transform script failed"
+
+
+def pass_pipeline(stage: Stage) -> str:
+    """A pass stage as a full pass pipeline (what `--pass-pipeline=` of an opt tool takes)."""
+    return f"builtin.module({stage.text})"
+
+
+def print_module(module: ir.Module, title: str, stream: TextIO) -> None:
+    """The whole module, complete, under a `// -----// TITLE //----- //` header."""
+    stream.write(f"// -----// {title} //----- //\n{module_text(module)}\n")
+    stream.flush()
+
+
+@contextlib.contextmanager
+def _stderr_to(stream: TextIO):
+    """Point file descriptor 2 at `stream` for a while (MLIR writes to llvm::errs())."""
+    sys.stderr.flush()
+    stream.flush()
+    if stream.fileno() == 2:
+        yield
+        return
+    saved = os.dup(2)
+    try:
+        os.dup2(stream.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _Diagnostics:
+    """Collects a context's error diagnostics while active; each is also printed to the log."""
+
+    def __init__(self, context: ir.Context):
+        self._context = context
+        self.errors: list[str] = []
+
+    def __enter__(self) -> _Diagnostics:
+        self._handler = self._context.attach_diagnostic_handler(self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handler.detach()
+
+    def _handle(self, diagnostic) -> bool:
+        print(f"{diagnostic.location}: {diagnostic.message}", file=sys.stderr, flush=True)
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
+            self.errors.append(f"error: {diagnostic.message}")
+        return True
+
+    def first_error(self) -> str | None:
+        return self.errors[0] if self.errors else None
+
+
+def _find_named_sequence(script: ir.Module, path: str):
+    for op in script.body.operations:
+        if op.operation.name != "transform.named_sequence":
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value == TRANSFORM_ENTRY:
+            return op
+    raise ValueError(f"{path}: no transform.named_sequence @{TRANSFORM_ENTRY}")

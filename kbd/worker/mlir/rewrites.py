@@ -1,0 +1,301 @@
+"""kbd's own IR rewrites, each run as a `pass: kbd-...` stage (`REWRITES`, by stage name)."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, linalg
+from torch_mlir.dialects import math as math_dialect
+
+# --- kbd's own rewrites, run as `pass: kbd-...` stages ---------------------------------------
+#
+# For what these bindings lack: `math-polynomial-approximation` is not registered, so a vector
+# `math.exp` would become one libm call per lane.
+
+# Cephes' expf: exp(x) = 2^n * p(r), n = round(x / ln 2) (at most 127), r = x - n ln 2 (ln 2 in
+# two parts), p a degree-7 polynomial: within a few ulp for x in [-88.38, 88.72]; 0 below
+# (no denormals), +inf above, NaN kept.
+_EXP_LOW, _EXP_HIGH = -88.3762626647949, 88.72283935546875
+_LOG2E = 1.44269504088896341
+_LN2_PARTS = (0.693359375, -2.12194440e-4)
+_EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                   1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
+
+
+def _ops_named(module: ir.Module, name: str) -> list:
+    """Every op called `name` in the module, in walk order (collected first: the rewrites then
+    change or move them, which a walk in progress must not see)."""
+    found = []
+
+    def visit(op) -> ir.WalkResult:
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def polynomial_exp(module: ir.Module) -> int:
+    """Replace each `math.exp` of an f32 vector by a polynomial in vector arithmetic (the
+    `kbd-polynomial-exp` stage); returns how many were replaced."""
+    with module.context, ir.Location.unknown():
+        found = [
+            op
+            for op in _ops_named(module, "math.exp")
+            if isinstance(op.operands[0].type, ir.VectorType)
+            and isinstance(op.operands[0].type.element_type, ir.F32Type)
+        ]
+        for op in found:
+            _expand_exp(op)
+    return len(found)
+
+
+def _expand_exp(op) -> None:
+    x = op.operands[0]
+    floats = ir.VectorType(x.type)
+    ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
+    with ir.InsertionPoint(op), op.location:
+
+        def splat(vector_type, attribute):
+            return arith.constant(
+                vector_type, ir.DenseElementsAttr.get_splat(vector_type, attribute)
+            )
+
+        def const(value: float):
+            return splat(floats, ir.FloatAttr.get(ir.F32Type.get(), value))
+
+        given = x
+        x = arith.maximumf(arith.minimumf(x, const(_EXP_HIGH)), const(_EXP_LOW))
+        n = math_dialect.floor(math_dialect.fma(x, const(_LOG2E), const(0.5)))
+        n = arith.minimumf(n, const(127.0))
+        r = math_dialect.fma(n, const(-_LN2_PARTS[0]), x)
+        r = math_dialect.fma(n, const(-_LN2_PARTS[1]), r)
+        p = const(_EXP_POLYNOMIAL[0])
+        for coefficient in _EXP_POLYNOMIAL[1:]:
+            p = math_dialect.fma(p, r, const(coefficient))
+        p = arith.addf(math_dialect.fma(p, arith.mulf(r, r), r), const(1.0))
+        i32 = ir.IntegerType.get_signless(32)
+        exponent = arith.addi(arith.fptosi(ints, n), splat(ints, ir.IntegerAttr.get(i32, 127)))
+        scale = arith.bitcast(
+            floats, arith.shli(exponent, splat(ints, ir.IntegerAttr.get(i32, 23)))
+        )
+        overflow = arith.cmpf(arith.CmpFPredicate.OGT, given, const(_EXP_HIGH))
+        result = arith.select(overflow, const(float("inf")), arith.mulf(p, scale))
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def openmp_guided_schedule(module: ir.Module) -> int:
+    """Give each `omp.wsloop` a guided schedule (the `kbd-openmp-guided-schedule` stage;
+    `convert-scf-to-openmp` has no option for it); returns how many loops it changed.
+
+    Without a schedule each thread gets a fixed share of the iterations, so a parallel loop
+    lasts as long as its slowest thread: when another process takes one of the cores for a
+    while, the other thread finishes its share and waits. Under a guided schedule a thread that
+    is done takes the next chunk, chunks shrinking from half a thread's share down to one
+    iteration: a handful of takes per thread even for a loop of a million iterations, where a
+    dynamic schedule would take them one by one."""
+    with module.context:
+        found = [
+            op for op in _ops_named(module, "omp.wsloop") if "schedule_kind" not in op.attributes
+        ]
+        guided = ir.Attribute.parse("#omp<schedulekind guided>")
+        for op in found:
+            op.attributes["schedule_kind"] = guided
+    return len(found)
+
+
+# Ops whose memref results are views of their memref operand: the same buffer.
+_VIEWS = frozenset({
+    "memref.subview", "memref.cast", "memref.reinterpret_cast", "memref.expand_shape",
+    "memref.collapse_shape", "memref.view", "memref.transpose", "memref.memory_space_cast",
+    "memref.assume_alignment", "memref.extract_strided_metadata", "vector.type_cast",
+})  # fmt: skip
+# Ops through which a buffer may be freed, or reached later by address.
+_ESCAPES = frozenset({
+    "memref.dealloc", "bufferization.dealloc", "memref.extract_aligned_pointer_as_index",
+    "func.call", "func.call_indirect",
+})  # fmt: skip
+
+
+_MEMREF_TYPES = (ir.MemRefType, ir.UnrankedMemRefType)
+
+
+def _buffer_users(buffer: ir.Value, ignore: ir.Operation | None = None) -> list | None:
+    """The ops that use `buffer` or a view of it (views excluded), or None when an alias may
+    escape: yielded or returned (a terminator), passed to a call or a free, turned into an
+    address, or a result of an op that is not a known view."""
+    users, pending = [], [buffer]
+    while pending:
+        for use in pending.pop().uses:
+            op = use.owner.operation
+            if ignore is not None and op == ignore:
+                continue
+            if op.name in _VIEWS:
+                pending.extend(r for r in op.results if isinstance(r.type, ir.MemRefType))
+                continue
+            if (
+                op.name in _ESCAPES
+                or op.has_trait(ir.IsTerminatorTrait)
+                or any(isinstance(r.type, _MEMREF_TYPES) for r in op.results)
+            ):
+                return None
+            users.append(op)
+    return users
+
+
+def _ancestor_in(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
+    """`op`, or the op holding it in its regions, that sits directly in `block`."""
+    while op is not None and op.block != block:
+        op = op.parent
+    return op
+
+
+def deallocs_after_last_use(module: ir.Module) -> int:
+    """Move each `memref.dealloc` of a buffer allocated in the same block up to just after the
+    last op of that block that uses the buffer or a view of it (the `kbd-dealloc-after-last-use`
+    stage); returns how many moved.
+
+    MLIR's ownership-based deallocation frees a buffer at the end of its block, so a function
+    holds every intermediate buffer until it returns: level1/89_cumsum at 4096x32768 (15 steps
+    of shifted adds) held 16 buffers of 512 MiB where two are live at a time. A buffer with an
+    alias that may escape (see `_buffer_users`) keeps its dealloc where it is."""
+    moved = 0
+    for dealloc in (op.operation for op in _ops_named(module, "memref.dealloc")):
+        buffer = dealloc.operands[0]
+        alloc = buffer.owner
+        if not isinstance(alloc, ir.Operation | ir.OpView):
+            continue  # a block argument
+        alloc = alloc.operation
+        block = dealloc.block
+        if alloc.name != "memref.alloc" or alloc.block != block:
+            continue
+        users = _buffer_users(buffer, ignore=dealloc)
+        if users is None:
+            continue
+        last = alloc
+        for user in users:
+            ancestor = _ancestor_in(user, block)
+            if ancestor is None:
+                break
+            if last.is_before_in_block(ancestor):
+                last = ancestor
+        else:
+            if last.is_before_in_block(dealloc):
+                dealloc.move_after(last)
+                moved += 1
+    return moved
+
+
+# Loops, ops that run a region at most once, and the ops that bound an alloca's lifetime (the
+# function; in an `omp.parallel` region, each thread's own stack).
+_LOOPS = frozenset({
+    "scf.for", "scf.while", "scf.parallel", "affine.for", "affine.parallel", "omp.loop_nest",
+    "omp.wsloop", "omp.simd",
+})  # fmt: skip
+_ONCE = frozenset({"scf.if", "scf.execute_region", "scf.index_switch", "affine.if"})
+_STACK_SCOPES = frozenset({"func.func", "omp.parallel"})
+
+
+def hoist_allocas(module: ir.Module) -> int:
+    """Move each fixed-size `memref.alloca` inside a loop to the start of its function, or of
+    the `omp.parallel` region that runs it (the `kbd-hoist-allocas` stage); returns how many
+    moved.
+
+    convert-vector-to-scf unrolls an N-d vector transfer through a stack buffer, allocated at
+    the start of the innermost scf.for body when that loop sits in an OpenMP loop, and the LLVM
+    lowering frees an alloca only when its function returns: in the matvec schedule the stack
+    grew by 576 bytes per step of the reduction loop, and level1/4's rows of 262144 (16384
+    steps) overflowed it. The buffer is scratch within one iteration; one per function (or
+    thread) does. An alloca with an alias that may escape (see `_buffer_users`) stays."""
+    allocas = [op.operation for op in _ops_named(module, "memref.alloca") if not list(op.operands)]
+    moved = 0
+    for alloca in allocas:
+        scope, in_loop = alloca.parent, False
+        while scope is not None and scope.name not in _STACK_SCOPES:
+            if scope.name in _LOOPS:
+                in_loop = True
+            elif scope.name not in _ONCE:
+                scope = None
+                break
+            scope = scope.parent
+        if scope is None or not in_loop or _buffer_users(alloca.results[0]) is None:
+            continue
+        entry = scope.regions[0].blocks[0]
+        alloca.move_before(entry.operations[0])
+        moved += 1
+    return moved
+
+
+# A matmul with at most this many rows of A reads B in its stored (N x K) order instead of a
+# transposed copy: with few rows the copy (a strided pass over all of B) weighs as much as the
+# product or more, and the product streams B's rows along K, the rows of A staying in cache.
+# With many rows the product dominates, and the matmul schedule's micro-kernel wants B's rows
+# along N. (level2/37, 128 rows of 1024 times W of 4096 x 1024, at bench shapes: 1.41x eager
+# folded, 0.70x with the transposed copy.)
+_FOLD_TRANSPOSE_MAX_ROWS = 128
+
+
+def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
+    """Indexing maps over (m, n, k) of C[m, n] += A[m, k] * B[b_dims]."""
+    return [
+        ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(d) for d in dims])
+        for dims in ((0, 2), b_dims, (0, 1))
+    ]
+
+
+def fold_transpose_into_matmul(module: ir.Module) -> int:
+    """Make each `linalg.matmul` of at most `_FOLD_TRANSPOSE_MAX_ROWS` (static) rows whose B is
+    a `linalg.transpose` read the transpose's input through transposed indexing maps,
+    `C[m, n] += A[m, k] * W[n, k]`, and erase the transpose once unused (the
+    `kbd-fold-transpose-into-matmul` stage); returns how many matmuls changed.
+
+    torch-mlir imports `nn.Linear` (y = x W^T) as a transpose of the whole weight into a new
+    tensor, then a matmul: for x of 8 rows and W of 8192 x 8192, a 256 MiB strided copy per
+    call, slower than the product itself. The matmul schedules tell the folded matmul from the
+    plain one by its maps."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        plain = [ir.AffineMapAttr.get(m) for m in _matmul_maps((2, 1))]
+        for matmul in _ops_named(module, "linalg.matmul"):
+            matmul = matmul.operation
+            a, b, c = matmul.operands
+            transpose = _producer(b)
+            rows = ir.ShapedType(a.type).shape[0]
+            if (
+                transpose is None
+                or transpose.name != "linalg.transpose"
+                or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 0]
+                or list(ir.ArrayAttr(matmul.attributes["indexing_maps"])) != plain
+                or ir.ShapedType.is_dynamic_size(rows)
+                or rows > _FOLD_TRANSPOSE_MAX_ROWS
+            ):
+                continue
+            with ir.InsertionPoint(matmul), matmul.location:
+                folded = linalg.matmul(
+                    a, transpose.operands[0], outs=[c], indexing_maps=_matmul_maps((1, 2))
+                )
+            matmul.results[0].replace_all_uses_with(folded)
+            matmul.erase()
+            changed += 1
+            if not list(transpose.result.uses):
+                init = _producer(transpose.operands[1])
+                transpose.erase()
+                if init is not None and init.name == "tensor.empty" and not list(init.result.uses):
+                    init.erase()
+    return changed
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    """The op whose result `value` is (None for a block argument)."""
+    owner = value.owner
+    return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
+REWRITES = {
+    "kbd-fold-transpose-into-matmul": fold_transpose_into_matmul,
+    "kbd-polynomial-exp": polynomial_exp,
+    "kbd-openmp-guided-schedule": openmp_guided_schedule,
+    "kbd-dealloc-after-last-use": deallocs_after_last_use,
+    "kbd-hoist-allocas": hoist_allocas,
+}
