@@ -1,4 +1,7 @@
-"""The worker side: everything that imports torch and torch-mlir.
+"""The worker side: what runs in the template and the sandboxed workers it forks (torch and
+torch-mlir live here, and nowhere else).
+
+It imports nothing of the supervisor's but the contract, `kbd.shared`.
 
 Its modules, one line each:
 - `template`: the warm process that imports torch and torch-mlir once and forks the workers
