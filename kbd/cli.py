@@ -128,9 +128,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         dest="opt_level",
         type=int,
         choices=range(4),
-        help="LLVM optimization level of the JIT (default 3; 0 with --smoke-test, which checks "
-        "correctness and need not pay for optimised code, except 3 for kernels of at least "
-        f"{spec.SMOKE_HEAVY_GFLOPS:g} GFLOP per forward, whose loops run minutes at 0: see README)",
+        help=f"LLVM optimization level of the JIT (default {spec.DEFAULT_OPT_LEVEL} with "
+        f"--benchmark, else {spec.CHECK_OPT_LEVEL}; {spec.SMOKE_OPT_LEVEL} with --smoke-test, "
+        "which checks correctness and need not pay for optimised code, except "
+        f"{spec.DEFAULT_OPT_LEVEL} for kernels of at least {spec.SMOKE_HEAVY_GFLOPS:g} GFLOP "
+        f"per forward, whose loops run minutes at {spec.SMOKE_OPT_LEVEL}: see README)",
     )
     comp.add_argument(
         "--no-import-cache",
