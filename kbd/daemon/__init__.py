@@ -1,7 +1,6 @@
 """The kbd daemon: one long-lived supervisor per user and results store, shared by commands.
 
 - `state`: where a daemon lives (owner-only state directory, lock, socket, info file).
-- `identity`: kbd's code hash and tool versions, compared by client and daemon.
 - `server`: the daemon (`kbd daemon run`).
 - `client`: finding, starting, asking and stopping a daemon.
 - `commands`: the `kbd daemon ...` command line.

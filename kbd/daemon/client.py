@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from kbd.daemon import identity
 from kbd.daemon.state import StatePaths, is_locked
-from kbd.shared import protocol
+from kbd.shared import identity, protocol
 from kbd.shared.protocol import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
 
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -49,7 +48,11 @@ class Connection:
         return self.receive()
 
     def differences(self) -> list[str]:
-        return identity.differences(self.welcome.identity, identity.current())
+        """What differs between the daemon and this kbd, e.g. "torch: daemon 2.12.0, this kbd
+        2.13.0"; empty when the daemon runs this very kbd."""
+        return identity.differences(
+            self.welcome.identity, identity.current(), "{label}: daemon {theirs}, this kbd {ours}"
+        )
 
     def close(self) -> None:
         self.sock.close()

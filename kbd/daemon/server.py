@@ -25,10 +25,9 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd.daemon import identity
 from kbd.daemon.state import InstanceLock, StatePaths, rotate_log
 from kbd.daemon.work import Work
-from kbd.shared import protocol
+from kbd.shared import identity, protocol
 from kbd.shared.protocol import (
     DAEMON_PROTOCOL,
     MAX_CLIENT_FRAME,

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from kbd.shared.identity import Identity
 from kbd.shared.outcomes import Outcome
 from kbd.shared.shapes import Shape
 
@@ -485,15 +486,6 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 # --- client <-> daemon (kbd.daemon) ---------------------------------------------------------
 
 DAEMON_PROTOCOL = 1
-
-
-class Identity(msgspec.Struct, frozen=True):
-    """What makes two kbd processes interchangeable: the same code on the same tools."""
-
-    code_hash: str  # sha256 of kbd/**/*.py and pyproject.toml
-    python: str  # sys.executable and version
-    torch: str
-    torch_mlir: str
 
 
 class Hello(msgspec.Struct, frozen=True, tag="hello"):
