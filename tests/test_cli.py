@@ -42,7 +42,7 @@ def test_supervisor_modules_do_not_import_torch():
         "import kbd.cli, kbd.commands.run, kbd.commands.history, kbd.engine.scheduler\n"
         "import kbd.engine.runner, kbd.results.store, kbd.views.reports, kbd.views.progress\n"
         "import kbd.plan.catalog, kbd.plan.descriptor, kbd.engine.spawner\n"
-        "import kbd.cluster, kbd.cluster.versions, kbd.cluster.wire\n"
+        "import kbd.cluster, kbd.cluster.wire, kbd.shared.identity\n"
         "bad = [m for m in ('torch', 'torch_mlir', 'numpy', 'ray') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
