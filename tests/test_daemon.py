@@ -20,6 +20,7 @@ import pytest
 from kbd.daemon import client
 from kbd.daemon.state import StatePaths
 from kbd.shared.protocol import DaemonStatus, StatusRequest
+from tests import clusters
 from tests.conftest import ROOT, kbd
 
 
@@ -221,6 +222,53 @@ def test_a_daemon_of_other_code_is_reported_and_replaced(tmp_path):
         assert "(same as this kbd)" in kbd("daemon", "status", cwd=work).stdout
     finally:
         kbd("daemon", "stop", "--now", cwd=work)
+
+
+# What a cluster agent's `hello` sends its head, decoded as the head decodes it (without Ray
+# running: `hello` reads only these attributes of its agent).
+_AGENT_HELLO = """\
+import asyncio, sys, types
+import msgspec
+import kbd
+from kbd.cluster import wire
+from kbd.cluster.agent import Agent
+agent = types.SimpleNamespace(node="n", cores=(0,), slots=[(0,)], budget=1)
+info = wire.decode(asyncio.run(Agent.hello(agent)), wire.NodeInfo)
+sys.stdout.write(msgspec.json.encode({"kbd": kbd.__file__, "identity": info.identity}).decode())
+"""
+
+
+def _agent_identity(tree: Path, cwd: Path) -> dict:
+    """The identity a cluster agent running the kbd of `tree` (the folder holding `kbd/`) sends."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    hello = subprocess.run(
+        [sys.executable, "-c", _AGENT_HELLO], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert hello.returncode == 0, hello.stderr
+    sent = json.loads(hello.stdout)
+    assert Path(sent["kbd"]).is_relative_to(tree)  # that kbd, not the installed one
+    return sent["identity"]
+
+
+@clusters.needs_ray
+def test_a_daemon_and_a_cluster_agent_of_the_same_code_have_one_identity(shared_daemon, tmp_path):
+    """The identity a daemon reports is the one a cluster agent of the same kbd sends its head,
+    also from a copy of kbd elsewhere (as on another machine); an edit of a kbd source file
+    changes its code hash, and nothing else."""
+    cwd = shared_daemon.store.parent.parent
+    status = kbd("daemon", "status", "--json", cwd=cwd)
+    assert status.returncode == 0, status.stderr
+    daemon = json.loads(status.stdout)["identity"]
+    assert _agent_identity(ROOT, tmp_path) == daemon
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "kbd", copy / "kbd", ignore=shutil.ignore_patterns("__pycache__"))
+    assert _agent_identity(copy, tmp_path) == daemon
+    with open(copy / "kbd" / "shared" / "outcomes.py", "a") as source:
+        source.write("# an edit\n")
+    edited = _agent_identity(copy, tmp_path)
+    assert edited["code_hash"] != daemon["code_hash"]
+    assert {**edited, "code_hash": ""} == {**daemon, "code_hash": ""}
 
 
 def test_unsafe_state_directory_is_refused(tmp_path):
