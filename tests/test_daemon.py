@@ -19,7 +19,7 @@ import pytest
 
 from kbd.daemon import client
 from kbd.daemon.state import StatePaths
-from kbd.shared.protocol import DaemonStatus, StatusRequest
+from kbd.daemon.wire import DaemonStatus, StatusRequest
 from tests import clusters
 from tests.conftest import ROOT, kbd
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from kbd.daemon.state import StatePaths, is_locked
+from kbd.daemon.wire import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
 from kbd.shared import identity, protocol
-from kbd.shared.protocol import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
 
 HANDSHAKE_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0  # the daemon warms a template before it answers
@@ -197,7 +197,7 @@ def ensure(paths: StatePaths, *, idle_timeout: float, announce) -> Connection:
     A daemon with a different identity is never used: when idle it is stopped and replaced
     (saying why); when busy, this raises DaemonError naming what differs.
     """
-    from kbd.shared.protocol import DaemonStatus, StatusRequest, StopRequest
+    from kbd.daemon.wire import DaemonStatus, StatusRequest, StopRequest
 
     connection = connect(paths)
     if connection is None:

@@ -22,11 +22,7 @@ from kbd.commands import run as commands
 from kbd.daemon import client
 from kbd.daemon.client import Connection, DaemonError, DaemonLost
 from kbd.daemon.state import StatePaths
-from kbd.plan import catalog, spec
-from kbd.plan.spec import SweepSpec
-from kbd.results.record import Record
-from kbd.results.store import Store, Sweep
-from kbd.shared.protocol import (
+from kbd.daemon.wire import (
     Accepted,
     AttachRequest,
     CancelRequest,
@@ -41,6 +37,10 @@ from kbd.shared.protocol import (
     SubmitRequest,
     SweepEnded,
 )
+from kbd.plan import catalog
+from kbd.plan.spec import SweepSpec
+from kbd.results.record import Record
+from kbd.results.store import Store, Sweep
 from kbd.views.progress import Progress
 
 DEFAULT_DB = Path(".kbd") / "results.db"
@@ -63,7 +63,7 @@ def run_or_sweep(args: Namespace, options: SweepSpec, resumed: Sweep | None) -> 
     options = msgspec.structs.replace(options, kernelbench=str(root.resolve()))
     sweep = args.command == "sweep"
     request = SubmitRequest(
-        spec=spec.encode(options),
+        spec=options,
         sweep=sweep,
         command=shlex.join(["kbd", *sys.argv[1:]]),
         resume=resumed.id if resumed is not None else None,
@@ -124,9 +124,8 @@ def follow(connection: Connection, args: Namespace, accepted: Accepted) -> int:
             elif isinstance(event, KernelMemory):
                 progress.memory(event.kernel, event.rss)
             elif isinstance(event, KernelFinished):
-                record = msgspec.msgpack.decode(event.record, type=Record)
-                records.append(record)
-                commands.show(args, progress, record)
+                records.append(event.record)
+                commands.show(args, progress, event.record)
             elif isinstance(event, Notice):
                 progress.notice(event.text)
             elif isinstance(event, SweepEnded):
