@@ -15,11 +15,28 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kbd.daemon import client
 from kbd.daemon.state import StatePaths
-from kbd.daemon.wire import DaemonStatus, StatusRequest
+from kbd.daemon.wire import (
+    DAEMON_PROTOCOL,
+    DaemonEvent,
+    DaemonReply,
+    DaemonRequest,
+    DaemonStatus,
+    Hello,
+    KernelFinished,
+    Refused,
+    StatusRequest,
+    SubmitRequest,
+    Welcome,
+)
+from kbd.plan.spec import Shard, SweepSpec
+from kbd.results.record import Record
+from kbd.shared import identity, protocol
+from kbd.shared.protocol import BenchOptions
 from tests import clusters
 from tests.conftest import ROOT, kbd
 
@@ -153,6 +170,33 @@ def test_bad_frame_closes_only_that_connection(shared_daemon, frame):
     assert isinstance(bystander.request(StatusRequest()), DaemonStatus)
     cwd = shared_daemon.store.parent.parent  # the folder whose .kbd/results.db it serves
     assert kbd("daemon", "status", cwd=cwd).returncode == 0
+
+
+def test_a_submitted_spec_that_fails_its_checks_is_refused_as_bad_input(shared_daemon):
+    """A client of this kbd checks its spec before it submits it; the daemon checks it again,
+    as it decodes the request, and refuses it as bad input (exit status 2)."""
+    sock = _connect(shared_daemon)
+    try:
+        protocol.send_blocking(sock, Hello(DAEMON_PROTOCOL, identity.current(), os.getpid()))
+        assert isinstance(protocol.receive_blocking(sock, DaemonReply), Welcome)
+        request = {"type": "submit", "spec": {"jobs": 0}, "sweep": False, "command": "kbd run"}
+        payload = msgspec.msgpack.encode(request)
+        sock.sendall(struct.pack(">I", len(payload)) + payload)
+        refused = protocol.receive_blocking(sock, DaemonReply)
+    finally:
+        sock.close()
+    assert refused == Refused("-j/--jobs must be at least 1, got 0", exit_status=2)
+
+
+def test_daemon_messages_carry_a_sweep_spec_and_records_as_they_are():
+    options = SweepSpec(
+        kernels=("level1/",), shard=Shard(1, 2), bench=BenchOptions(processes=2), mem_limit=None
+    )
+    submit = SubmitRequest(spec=options, sweep=True, command="kbd sweep level1/")
+    assert protocol.decode(protocol.encode(submit)[4:], DaemonRequest) == submit
+    record = Record(kernel="level1/1_matmul", outcome="pass", phase="check", times={"jit": 0.5})
+    finished = protocol.decode(protocol.encode(KernelFinished(record))[4:], DaemonEvent)
+    assert finished.record == record
 
 
 _OTHER_UID = """
