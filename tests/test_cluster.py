@@ -70,7 +70,7 @@ def test_a_node_with_other_kbd_code_is_refused(cluster, tmp_path):
     """Last in the module: it adds a third node running a modified copy of kbd."""
     copy = tmp_path / "other"
     shutil.copytree(ROOT / "kbd", copy / "kbd", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "kbd" / "cluster" / "versions.py", "a") as source:
+    with open(copy / "kbd" / "cluster" / "wire.py", "a") as source:
         source.write("# a local change\n")
     cluster.add_node((sorted(os.sched_getaffinity(0))[0],), env={"PYTHONPATH": str(copy)})
     result = kbd("sweep", *fixture_args("level1/1_", "--cluster", cluster.address), cwd=tmp_path)

@@ -15,11 +15,29 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kbd.daemon import client
 from kbd.daemon.state import StatePaths
-from kbd.shared.protocol import DaemonStatus, StatusRequest
+from kbd.daemon.wire import (
+    DAEMON_PROTOCOL,
+    DaemonEvent,
+    DaemonReply,
+    DaemonRequest,
+    DaemonStatus,
+    Hello,
+    KernelFinished,
+    Refused,
+    StatusRequest,
+    SubmitRequest,
+    Welcome,
+)
+from kbd.plan.spec import Shard, SweepSpec
+from kbd.results.record import Record
+from kbd.shared import identity, protocol
+from kbd.shared.protocol import BenchOptions
+from tests import clusters
 from tests.conftest import ROOT, kbd
 
 
@@ -154,6 +172,33 @@ def test_bad_frame_closes_only_that_connection(shared_daemon, frame):
     assert kbd("daemon", "status", cwd=cwd).returncode == 0
 
 
+def test_a_submitted_spec_that_fails_its_checks_is_refused_as_bad_input(shared_daemon):
+    """A client of this kbd checks its spec before it submits it; the daemon checks it again,
+    as it decodes the request, and refuses it as bad input (exit status 2)."""
+    sock = _connect(shared_daemon)
+    try:
+        protocol.send_blocking(sock, Hello(DAEMON_PROTOCOL, identity.current(), os.getpid()))
+        assert isinstance(protocol.receive_blocking(sock, DaemonReply), Welcome)
+        request = {"type": "submit", "spec": {"jobs": 0}, "sweep": False, "command": "kbd run"}
+        payload = msgspec.msgpack.encode(request)
+        sock.sendall(struct.pack(">I", len(payload)) + payload)
+        refused = protocol.receive_blocking(sock, DaemonReply)
+    finally:
+        sock.close()
+    assert refused == Refused("-j/--jobs must be at least 1, got 0", exit_status=2)
+
+
+def test_daemon_messages_carry_a_sweep_spec_and_records_as_they_are():
+    options = SweepSpec(
+        kernels=("level1/",), shard=Shard(1, 2), bench=BenchOptions(processes=2), mem_limit=None
+    )
+    submit = SubmitRequest(spec=options, sweep=True, command="kbd sweep level1/")
+    assert protocol.decode(protocol.encode(submit)[4:], DaemonRequest) == submit
+    record = Record(kernel="level1/1_matmul", outcome="pass", phase="check", times={"jit": 0.5})
+    finished = protocol.decode(protocol.encode(KernelFinished(record))[4:], DaemonEvent)
+    assert finished.record == record
+
+
 _OTHER_UID = """
 import ctypes, os, socket, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -221,6 +266,53 @@ def test_a_daemon_of_other_code_is_reported_and_replaced(tmp_path):
         assert "(same as this kbd)" in kbd("daemon", "status", cwd=work).stdout
     finally:
         kbd("daemon", "stop", "--now", cwd=work)
+
+
+# What a cluster agent's `hello` sends its head, decoded as the head decodes it (without Ray
+# running: `hello` reads only these attributes of its agent).
+_AGENT_HELLO = """\
+import asyncio, sys, types
+import msgspec
+import kbd
+from kbd.cluster import wire
+from kbd.cluster.agent import Agent
+agent = types.SimpleNamespace(node="n", cores=(0,), slots=[(0,)], budget=1)
+info = wire.decode(asyncio.run(Agent.hello(agent)), wire.NodeInfo)
+sys.stdout.write(msgspec.json.encode({"kbd": kbd.__file__, "identity": info.identity}).decode())
+"""
+
+
+def _agent_identity(tree: Path, cwd: Path) -> dict:
+    """The identity a cluster agent running the kbd of `tree` (the folder holding `kbd/`) sends."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    hello = subprocess.run(
+        [sys.executable, "-c", _AGENT_HELLO], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    assert hello.returncode == 0, hello.stderr
+    sent = json.loads(hello.stdout)
+    assert Path(sent["kbd"]).is_relative_to(tree)  # that kbd, not the installed one
+    return sent["identity"]
+
+
+@clusters.needs_ray
+def test_a_daemon_and_a_cluster_agent_of_the_same_code_have_one_identity(shared_daemon, tmp_path):
+    """The identity a daemon reports is the one a cluster agent of the same kbd sends its head,
+    also from a copy of kbd elsewhere (as on another machine); an edit of a kbd source file
+    changes its code hash, and nothing else."""
+    cwd = shared_daemon.store.parent.parent
+    status = kbd("daemon", "status", "--json", cwd=cwd)
+    assert status.returncode == 0, status.stderr
+    daemon = json.loads(status.stdout)["identity"]
+    assert _agent_identity(ROOT, tmp_path) == daemon
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "kbd", copy / "kbd", ignore=shutil.ignore_patterns("__pycache__"))
+    assert _agent_identity(copy, tmp_path) == daemon
+    with open(copy / "kbd" / "shared" / "outcomes.py", "a") as source:
+        source.write("# an edit\n")
+    edited = _agent_identity(copy, tmp_path)
+    assert edited["code_hash"] != daemon["code_hash"]
+    assert {**edited, "code_hash": ""} == {**daemon, "code_hash": ""}
 
 
 def test_unsafe_state_directory_is_refused(tmp_path):

@@ -17,8 +17,8 @@ import pytest
 
 from kbd.daemon.client import connect
 from kbd.daemon.state import StatePaths
+from kbd.daemon.wire import StatusRequest
 from kbd.results.store import Store
-from kbd.shared.protocol import StatusRequest
 from tests.conftest import fixture_args, json_records, kbd
 
 QUICK = ("level1/2_", "level1/3_")

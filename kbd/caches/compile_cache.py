@@ -7,7 +7,7 @@ ReLU, much more for real kernels) produce machine code that depends only on the 
 and torch-mlir versions and kbd's ingress code), the pipeline's stages (with their transform
 scripts), the optimisation level, whether timing loops were added (--benchmark), the CPU the
 JIT targets (the host's) and kbd's own code. That is this cache's key: any change of kbd's code
-(its code hash, as the daemon's identity) or of the CPU makes a new key, so no entry outlives
+(its code hash, kbd.shared.identity) or of the CPU makes a new key, so no entry outlives
 the code that built it.
 
 The worker links the JIT's object code into a shared library (kbd.worker.library), runs the
@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from kbd.caches import entries, import_cache
-from kbd.daemon import identity
+from kbd.shared import identity
 from kbd.shared.protocol import CompileCache, Job, Library
 
 FORMAT = "kbd-compile-cache 1"

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from importlib import metadata
 from pathlib import Path
 
 import msgspec
 
 from kbd.caches import entries
+from kbd.shared import identity
 from kbd.shared.protocol import ImportCache, Job
 
 FORMAT = "kbd-import-cache 1"
@@ -91,12 +91,8 @@ def _path(cache: ImportCache) -> Path:
 @functools.cache
 def _environment() -> bytes:
     """Tool versions and a hash of kbd's ingress code: part of every key."""
-    parts = [FORMAT]
-    for name in ("torch", "torch-mlir"):
-        try:
-            parts.append(f"{name}={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"{name}=missing")
+    tools = identity.current()
+    parts = [FORMAT, f"torch={tools.torch}", f"torch-mlir={tools.torch_mlir}"]
     for relative in _INGRESS_CODE:
         parts.append(hashlib.sha256((_KBD_DIR / relative).read_bytes()).hexdigest())
     return "\n".join(parts).encode()

@@ -25,12 +25,13 @@ import ray
 
 import kbd
 from kbd.caches import compile_cache
-from kbd.cluster import versions, wire
+from kbd.cluster import wire
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
 from kbd.engine import scheduler
 from kbd.engine.scheduler import Hooks, Planned
 from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import limits
+from kbd.shared import identity
 from kbd.shared.protocol import START_PHASE, Phase
 
 
@@ -52,14 +53,14 @@ class Agent:
         self._serving: asyncio.Task | None = None
 
     async def hello(self) -> bytes:
-        """The node's resources, versions and Ray settings (the head decides whether to use it)."""
+        """The node's resources, identity and Ray settings (the head decides whether to use it)."""
         return wire.encode(
             NodeInfo(
                 node=self.node,
                 cores=self.cores,
                 slots=len(self.slots),
                 budget=self.budget,
-                versions=versions.local(),
+                identity=identity.current(),
                 memory_monitor=os.environ.get("RAY_memory_monitor_refresh_ms") != "0",  # noqa: SIM112
                 niceness=os.nice(0),
             )

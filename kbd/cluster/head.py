@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import msgspec
 import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from kbd.cluster import versions, wire
+from kbd.cluster import wire
 from kbd.cluster.agent import Agent
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
 from kbd.engine import scheduler
@@ -34,6 +35,7 @@ from kbd.engine.scheduler import Hooks, Planned
 from kbd.plan.limits import format_size
 from kbd.plan.spec import SweepSpec
 from kbd.results.record import Record, expect
+from kbd.shared import identity
 from kbd.shared.errors import ClusterError
 from kbd.shared.protocol import START_PHASE, Phase
 from kbd.views.progress import Progress
@@ -143,12 +145,12 @@ async def _execute(options, plans, log_dir, hooks, progress, losses) -> bool:
 
 
 async def _start_agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> list[_Node]:
-    """One agent per alive node with CPUs; refuse those whose versions or settings differ."""
+    """One agent per alive node with CPUs; refuse those whose identity or settings differ."""
     candidates = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
     if not candidates:
         raise ClusterError(f"--cluster {options.cluster}: no alive node offers CPUs to Ray")
     remote = ray.remote(Agent)
-    ours = versions.local()
+    ours = identity.current()
     nodes: list[_Node] = []
     refused: list[str] = []
 
@@ -163,8 +165,16 @@ async def _start_agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> list
             max_concurrency=1000,
         ).remote(cpus, options.jobs, options.mem_budget, str(log_dir))
         try:
-            info = wire.decode(await actor.hello.remote(), NodeInfo)
-            problems = versions.mismatches(info.versions, ours)
+            hello = await actor.hello.remote()
+            try:
+                info = wire.decode(hello, NodeInfo)
+            except msgspec.DecodeError as exc:  # another kbd, whose hello is another message
+                refused.append(f"{where}: refused: other kbd code ({exc})")
+                ray.kill(actor)
+                return
+            problems = identity.differences(
+                info.identity, ours, "{tool} {theirs} there, {ours} here", across_machines=True
+            )
             if info.memory_monitor:
                 problems.append(
                     "Ray's memory monitor is on there and could kill kbd in place of kbd's own "

@@ -11,6 +11,7 @@ import msgspec
 
 from kbd.plan.catalog import Entry
 from kbd.results.record import Record
+from kbd.shared.identity import Identity
 from kbd.shared.protocol import Job, Phase
 
 
@@ -21,7 +22,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     cores: tuple[int, ...]  # cores kbd may pin workers to on that node
     slots: int  # kernels the agent runs at once
     budget: int  # bytes of memory admission on that node
-    versions: dict[str, str]  # kbd.cluster.versions.local() there
+    identity: Identity  # kbd.shared.identity.current() there
     memory_monitor: bool  # Ray's memory monitor is on (it could kill kbd in place of kbd)
     niceness: int  # inherited by every kernel (Ray's default for workers is 15)
 

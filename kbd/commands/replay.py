@@ -16,15 +16,15 @@ from pathlib import Path
 
 import anyio
 
-from kbd.daemon import identity
 from kbd.engine import bundles, runner
 from kbd.engine.bundles import Bundle
 from kbd.engine.scratch import scratch_folder
 from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import limits
 from kbd.results.record import classify
+from kbd.shared import identity
 from kbd.shared.errors import TemplateError
-from kbd.shared.protocol import Identity, Limits, Replay
+from kbd.shared.protocol import Limits, Replay
 
 EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input is 2, through InputError (kbd.cli)
 
@@ -48,7 +48,8 @@ def main(args: Namespace) -> int:
         f"({m.phase}, from {m.stage.source})",
         flush=True,
     )
-    for note in _differences(m.identity, identity.current()):
+    then = "{label}: the bundle's {theirs}, now {ours}"
+    for note in identity.differences(m.identity, identity.current(), then):
         print(f"note: {note}", flush=True)
     try:
         replayed = anyio.run(_replay, bundle, args.timeout, mem_limit, log_dir)
@@ -91,15 +92,6 @@ async def _replay(bundle: Bundle, timeout: float, mem_limit: int | None, log_dir
                 log_path=log_dir / "replay.log",
             )
     return classify(state.result, state.death(mem_limit, timeout))
-
-
-def _differences(then: Identity, now: Identity) -> list[str]:
-    """What differs between the kbd that wrote the bundle and this one."""
-    return [
-        f"{field.replace('_', ' ')}: the bundle's {getattr(then, field)}, now {getattr(now, field)}"
-        for field in then.__struct_fields__
-        if getattr(then, field) != getattr(now, field)
-    ]
 
 
 def _line(which: str, failure: tuple) -> str:

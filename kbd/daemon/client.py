@@ -12,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from kbd.daemon import identity
 from kbd.daemon.state import StatePaths, is_locked
-from kbd.shared import protocol
-from kbd.shared.protocol import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
+from kbd.daemon.wire import DAEMON_PROTOCOL, DaemonReply, Hello, Welcome
+from kbd.shared import identity, protocol
 
 HANDSHAKE_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 120.0  # the daemon warms a template before it answers
@@ -49,7 +48,11 @@ class Connection:
         return self.receive()
 
     def differences(self) -> list[str]:
-        return identity.differences(self.welcome.identity, identity.current())
+        """What differs between the daemon and this kbd, e.g. "torch: daemon 2.12.0, this kbd
+        2.13.0"; empty when the daemon runs this very kbd."""
+        return identity.differences(
+            self.welcome.identity, identity.current(), "{label}: daemon {theirs}, this kbd {ours}"
+        )
 
     def close(self) -> None:
         self.sock.close()
@@ -194,7 +197,7 @@ def ensure(paths: StatePaths, *, idle_timeout: float, announce) -> Connection:
     A daemon with a different identity is never used: when idle it is stopped and replaced
     (saying why); when busy, this raises DaemonError naming what differs.
     """
-    from kbd.shared.protocol import DaemonStatus, StatusRequest, StopRequest
+    from kbd.daemon.wire import DaemonStatus, StatusRequest, StopRequest
 
     connection = connect(paths)
     if connection is None:

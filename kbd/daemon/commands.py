@@ -12,9 +12,9 @@ import msgspec
 from kbd.daemon import client, server
 from kbd.daemon.client import DaemonError
 from kbd.daemon.state import AlreadyRunning, StatePaths
+from kbd.daemon.wire import DaemonStatus, Done, StatusRequest, StopRequest
 from kbd.daemon.work import Work
 from kbd.plan import limits
-from kbd.shared.protocol import DaemonStatus, Done, StatusRequest, StopRequest
 
 EXIT_NOT_RUNNING = 3
 

@@ -25,11 +25,8 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from kbd.daemon import identity
 from kbd.daemon.state import InstanceLock, StatePaths, rotate_log
-from kbd.daemon.work import Work
-from kbd.shared import protocol
-from kbd.shared.protocol import (
+from kbd.daemon.wire import (
     DAEMON_PROTOCOL,
     MAX_CLIENT_FRAME,
     AttachRequest,
@@ -43,6 +40,9 @@ from kbd.shared.protocol import (
     StopRequest,
     Welcome,
 )
+from kbd.daemon.work import Work
+from kbd.shared import identity, protocol
+from kbd.shared.errors import InputError
 
 log = logging.getLogger("kbd.daemon")
 
@@ -152,7 +152,11 @@ class Daemon:
         if hello.protocol != DAEMON_PROTOCOL:
             return
         while True:
-            request = await protocol.receive(frames, DaemonRequest, MAX_CLIENT_FRAME)
+            try:
+                request = await protocol.receive(frames, DaemonRequest, MAX_CLIENT_FRAME)
+            except InputError as exc:  # a submitted SweepSpec failed its own checks
+                await stream.send(protocol.encode(Refused(str(exc), exit_status=2)))
+                return
             self.last_active = time.monotonic()
             if isinstance(request, StatusRequest):
                 await stream.send(protocol.encode(self._status()))

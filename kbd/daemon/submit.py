@@ -20,12 +20,7 @@ import msgspec
 from kbd.daemon import client
 from kbd.daemon.client import Connection, DaemonError, DaemonLost
 from kbd.daemon.state import StatePaths
-from kbd.plan import catalog, spec
-from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, Invocation
-from kbd.plan.spec import SweepSpec
-from kbd.results.record import Record
-from kbd.results.store import Store, Sweep
-from kbd.shared.protocol import (
+from kbd.daemon.wire import (
     Accepted,
     AttachRequest,
     CancelRequest,
@@ -40,6 +35,11 @@ from kbd.shared.protocol import (
     SubmitRequest,
     SweepEnded,
 )
+from kbd.plan import catalog
+from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, Invocation
+from kbd.plan.spec import SweepSpec
+from kbd.results.record import Record
+from kbd.results.store import Store, Sweep
 from kbd.views import reports
 from kbd.views.progress import Progress
 
@@ -55,7 +55,7 @@ def run_or_sweep(invocation: Invocation, options: SweepSpec, resumed: Sweep | No
     root = catalog.kernelbench_root(options.kernelbench)
     options = msgspec.structs.replace(options, kernelbench=str(root.resolve()))
     request = SubmitRequest(
-        spec=spec.encode(options),
+        spec=options,
         sweep=invocation.sweep,
         command=shlex.join(["kbd", *sys.argv[1:]]),
         resume=resumed.id if resumed is not None else None,
@@ -115,9 +115,8 @@ def follow(connection: Connection, invocation: Invocation, accepted: Accepted) -
             elif isinstance(event, KernelMemory):
                 progress.memory(event.kernel, event.rss)
             elif isinstance(event, KernelFinished):
-                record = msgspec.msgpack.decode(event.record, type=Record)
-                records.append(record)
-                reports.show(invocation, progress, record)
+                records.append(event.record)
+                reports.show(invocation, progress, event.record)
             elif isinstance(event, Notice):
                 progress.notice(event.text)
             elif isinstance(event, SweepEnded):

@@ -27,17 +27,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from kbd.engine import prepare, scheduler
-from kbd.engine.scheduler import Control, Hooks, Pool, cores_per_worker
-from kbd.engine.spawner import Spawner, template_env
-from kbd.plan import spec
-from kbd.plan.limits import format_size
-from kbd.results.record import Record
-from kbd.results.store import Store
-from kbd.shared import protocol
-from kbd.shared.errors import InputError, fatal_error
-from kbd.shared.protocol import (
-    START_PHASE,
+from kbd.daemon.wire import (
     Accepted,
     Done,
     KernelFinished,
@@ -50,6 +40,15 @@ from kbd.shared.protocol import (
     SweepEnded,
     SweepState,
 )
+from kbd.engine import prepare, scheduler
+from kbd.engine.scheduler import Control, Hooks, Pool, cores_per_worker
+from kbd.engine.spawner import Spawner, template_env
+from kbd.plan.limits import format_size
+from kbd.results.record import Record
+from kbd.results.store import Store
+from kbd.shared import protocol
+from kbd.shared.errors import InputError, fatal_error
+from kbd.shared.protocol import START_PHASE
 
 log = logging.getLogger("kbd.daemon")
 
@@ -241,7 +240,7 @@ class Work:
     # --- execution --------------------------------------------------------------------------
 
     def _prepare(self, request: SubmitRequest) -> Active:
-        options = spec.decode(request.spec, "submitted sweep")
+        options = request.spec
         if request.sweep:
             store = Store(self.store_path)
             resumed = store.sweep(request.resume) if request.resume is not None else None
@@ -307,8 +306,7 @@ class Work:
             self._rss.pop((active.key, record.label), None)
             if store is not None:
                 store.add_attempt(active.sweep_id, active.prepared.hashes[record.key], record)
-            raw = msgspec.Raw(msgspec.msgpack.encode(record))
-            active.finished.append(active.broadcast(KernelFinished(raw)))
+            active.finished.append(active.broadcast(KernelFinished(record)))
 
         def notice(text: str) -> None:
             active.broadcast(Notice(text))

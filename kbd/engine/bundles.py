@@ -27,15 +27,15 @@ from pathlib import Path
 import msgspec
 
 from kbd import __version__
-from kbd.daemon import identity
 from kbd.plan import descriptor, target
 from kbd.results.record import Record
+from kbd.shared import identity
 from kbd.shared.errors import InputError
+from kbd.shared.identity import Identity
 from kbd.shared.outcomes import Outcome
 from kbd.shared.protocol import (
     STAGE_INPUT,
     STAGE_SNAPSHOT,
-    Identity,
     Job,
     Mode,
     Stage,
@@ -78,7 +78,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     arch: str
     features: list[str]  # the host's CPU features that schedules are chosen by
     kbd_version: str
-    identity: Identity  # code hash, Python, torch and torch-mlir versions
+    identity: Identity  # code hash, Python (version and interpreter), torch and torch-mlir
     created: str  # UTC, ISO 8601
 
 

@@ -23,6 +23,7 @@ from kbd.plan.catalog import Entry
 from kbd.plan.spec import SweepSpec
 from kbd.results.record import label
 from kbd.results.store import Store, Sweep
+from kbd.shared import identity
 from kbd.shared.errors import InputError
 from kbd.shared.outcomes import is_final
 from kbd.shared.protocol import Inspect, Job, Limits
@@ -146,20 +147,12 @@ def configuration_hash(value) -> str:
     the tool versions."""
     jobs = value if isinstance(value, list) else [value]
     digest = hashlib.sha256()
-    for name in ("torch", "torch-mlir"):
-        digest.update(f"{name}={_version(name)}".encode())
+    tools = identity.current()
+    for name, version in (("torch", tools.torch), ("torch-mlir", tools.torch_mlir)):
+        digest.update(f"{name}={version}".encode())
     for job in jobs:
         bare = msgspec.structs.replace(
             job, limits=Limits(), import_cache=None, compile_cache=None, inspect=Inspect()
         )
         digest.update(msgspec.msgpack.encode(bare))
     return digest.hexdigest()[:16]
-
-
-def _version(name: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "missing"

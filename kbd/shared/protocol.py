@@ -1,17 +1,20 @@
-"""The wire protocol: every message that crosses a process boundary, and its framing.
+"""The wire protocol of a supervisor with its template and workers, and the framing of sockets.
 
-Frames are a 4-byte big-endian length followed by a msgpack payload. Two channels use them:
+Frames are a 4-byte big-endian length followed by a msgpack payload. Two channels carry the
+messages defined here:
 
 - supervisor <-> worker, on a socketpair private to one kernel: the supervisor sends one task
-  (a `Job`, or a `Generate` for the levels generator); the worker answers `Phase` heartbeats
-  (sent *before* each step, so a death is pinned to a phase) and one `Result` (or `Generated`).
-  The worker's stdout/stderr never carry frames.
+  (a `Job`, a `Generate` for the levels generator, or a `Replay` for `kbd replay`); the worker
+  answers `Phase` heartbeats (sent *before* each step, so a death is pinned to a phase) and one
+  `Result` (or `Generated`); `Imported` and `Library` frames hand the supervisor what its caches
+  keep, and `QuietGranted` answers the bench heartbeat of a job timed alone. The worker's
+  stdout/stderr never carry frames.
 - supervisor <-> template (the warm process that forks workers), on a Unix socket: `Spawn`
   (the worker's socket end travels with it as SCM_RIGHTS), answered by `Spawned` and, when the
-  worker is reaped, `Exited`.
-- client <-> daemon (kbd.daemon), on the daemon's owner-only Unix socket: the client's first
-  frame is `Hello`, answered by `Welcome`; then one `DaemonRequest` per exchange. Frames from
-  clients are bounded by `MAX_CLIENT_FRAME`.
+  worker is reaped, `Exited`; `Ready` once the template accepts them.
+
+The daemon's client <-> daemon messages use the same framing (`encode`, `receive`, ...) and are
+defined beside the daemon, in kbd/daemon/wire.py, as they carry a `SweepSpec` and `Record`s.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from kbd.shared.outcomes import Outcome
 from kbd.shared.shapes import Shape
 
 MAX_FRAME = 16 * 1024 * 1024
-MAX_CLIENT_FRAME = 1024 * 1024  # what a daemon accepts from a client
 _HEADER = struct.Struct(">I")
 
 Mode = Literal["import", "compile"]  # torch.export of the whole model, or torch.compile (Dynamo)
@@ -484,154 +486,3 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
             raise EOFError("peer closed the connection")
         chunks += chunk
     return bytes(chunks)
-
-
-# --- client <-> daemon (kbd.daemon) ---------------------------------------------------------
-
-DAEMON_PROTOCOL = 1
-
-
-class Identity(msgspec.Struct, frozen=True):
-    """What makes two kbd processes interchangeable: the same code on the same tools."""
-
-    code_hash: str  # sha256 of kbd/**/*.py and pyproject.toml
-    python: str  # sys.executable and version
-    torch: str
-    torch_mlir: str
-
-
-class Hello(msgspec.Struct, frozen=True, tag="hello"):
-    """A client's first frame."""
-
-    protocol: int
-    identity: Identity
-    pid: int
-
-
-class Welcome(msgspec.Struct, frozen=True, tag="welcome"):
-    """The daemon's answer to Hello: who it is, whatever the client's identity."""
-
-    protocol: int
-    identity: Identity
-    pid: int
-    started: float  # time.time() at start
-    store: str  # absolute path of its results database
-    log: str | None  # its log file (None: stderr, e.g. the journal under systemd)
-
-
-class StatusRequest(msgspec.Struct, frozen=True, tag="status"):
-    pass
-
-
-class StopRequest(msgspec.Struct, frozen=True, tag="stop"):
-    """Stop admitting kernels, let running ones finish (`now`: kill them), then exit."""
-
-    now: bool = False
-
-
-class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):
-    """Stop a sweep: start nothing more of it; `kill` also kills its running kernels."""
-
-    sweep_id: int
-    kill: bool = False
-
-
-class AttachRequest(msgspec.Struct, frozen=True, tag="attach"):
-    """Follow a sweep's progress (None: the latest active one)."""
-
-    sweep_id: int | None = None
-
-
-class SweepState(msgspec.Struct, frozen=True):
-    """One active sweep or run in the daemon, for status."""
-
-    sweep_id: int | None  # None: a `kbd run`, not stored
-    command: str
-    total: int
-    done: int
-    running: list[str]
-    followers: int
-    state: str  # running | stopping | killing
-
-
-class DaemonStatus(msgspec.Struct, frozen=True, tag="daemon-status"):
-    pid: int
-    started: float
-    identity: Identity
-    store: str
-    state_dir: str
-    log: str | None
-    idle_timeout: float
-    cores: list[int]
-    free_cores: list[int]
-    budget: int
-    reserved: int  # memory reserved by running kernels (their estimates)
-    peak_rss_total: int  # highest measured sum of running workers' RSS
-    templates: dict[str, int]  # thread count -> template pid
-    sweeps: list[SweepState]
-    clients: int
-
-
-class Done(msgspec.Struct, frozen=True, tag="done"):
-    """A request was carried out."""
-
-    message: str = ""
-
-
-class Refused(msgspec.Struct, frozen=True, tag="refused"):
-    """A request was not carried out; `message` says why in one line."""
-
-    message: str
-    exit_status: int = 1  # 2: bad input (an unknown kernel, a malformed levels file, ...)
-
-
-class SubmitRequest(msgspec.Struct, frozen=True, tag="submit"):
-    """Run a `kbd run` (sweep=False: nothing stored) or `kbd sweep` in the daemon."""
-
-    spec: str  # the SweepSpec as JSON (kbd.plan.spec.encode), paths absolute
-    sweep: bool
-    command: str  # the command line, as stored with the sweep
-    resume: int | None = None  # continue this stored sweep (its spec is `spec`)
-    log_dir: str | None = None  # absolute; None: .kbd/logs/<run> next to the store
-    detach: bool = False  # answer Accepted and return; the sweep runs on
-
-
-class Accepted(msgspec.Struct, frozen=True, tag="accepted"):
-    sweep_id: int | None
-    total: int  # kernels to run now
-    selected: int  # kernels selected (a resumed sweep ran some already)
-
-
-class KernelStarted(msgspec.Struct, frozen=True, tag="started"):
-    kernel: str
-
-
-class KernelPhase(msgspec.Struct, frozen=True, tag="kernel-phase"):
-    kernel: str
-    phase: str
-
-
-class KernelMemory(msgspec.Struct, frozen=True, tag="memory"):
-    kernel: str
-    rss: int
-
-
-class KernelFinished(msgspec.Struct, frozen=True, tag="finished"):
-    record: (
-        msgspec.Raw
-    )  # a kbd.results.record.Record, msgpack-encoded (outcome imports this module)
-
-
-class Notice(msgspec.Struct, frozen=True, tag="notice"):
-    text: str
-
-
-class SweepEnded(msgspec.Struct, frozen=True, tag="ended"):
-    status: str  # done | interrupted
-    wall_s: float
-    completed: bool  # every kernel started (not cancelled or stopped)
-
-
-DaemonRequest = StatusRequest | StopRequest | CancelRequest | AttachRequest | SubmitRequest
-DaemonReply = Welcome | DaemonStatus | Done | Refused | Accepted
-DaemonEvent = KernelStarted | KernelPhase | KernelMemory | KernelFinished | Notice | SweepEnded
