@@ -12,6 +12,7 @@ from kbd.plan import spec
 from kbd.results.store import Store, Sweep
 from kbd.shared.errors import InputError
 from kbd.shared.outcomes import format_counts
+from kbd.shared.paths import check_output
 from kbd.views import reports
 
 
@@ -23,6 +24,8 @@ def open_store(args: Namespace) -> Store:
 
 
 def show_results(args: Namespace) -> int:
+    check_output(args.junit, "--junit")
+    check_output(args.html, "--html")
     store = open_store(args)
     sweep = store.sweep(args.id)
     records = store.records(sweep.id)
@@ -32,7 +35,7 @@ def show_results(args: Namespace) -> int:
         reports.write_junit(records, Path(args.junit))
     if args.html:
         page = report.render(records, f"kbd sweep {sweep.id}: {sweep.command}")
-        Path(args.html).write_text(page)
+        _write(Path(args.html), page)
     if args.json:
         for record in records:
             print(reports.json_line(record))
@@ -46,6 +49,14 @@ def show_results(args: Namespace) -> int:
     if missing:
         print(f"{missing} runs have no result yet: `kbd sweep --resume {sweep.id}`")
     return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:  # checked at the start (check_output); this is a late failure
+        raise InputError(f"{path}: cannot write the HTML page ({exc.strerror or exc})") from None
 
 
 def list_sweeps(args: Namespace) -> int:

@@ -28,6 +28,7 @@ from kbd.results.record import Record, label
 from kbd.results.store import Store, Sweep
 from kbd.shared.errors import ClusterError, InputError
 from kbd.shared.outcomes import is_final
+from kbd.shared.paths import check_output
 from kbd.shared.protocol import Inspect, Job, Limits
 from kbd.views import reports
 from kbd.views.progress import Progress
@@ -85,6 +86,8 @@ def options_of(args: Namespace, store: Store | None) -> tuple[SweepSpec, Sweep |
 
 
 def run_or_sweep(args: Namespace) -> int:
+    check_output(args.junit, "--junit")  # before anything runs or is stored
+    check_output(args.log_dir, "--log-dir", folder=True)
     sweep = args.command == "sweep"
     store = Store(Path(args.db)) if sweep else None
     options, resumed = options_of(args, store)
