@@ -17,6 +17,7 @@ import msgspec
 
 from kbd.results.record import Record
 from kbd.shared.errors import InputError
+from kbd.shared.paths import check_output
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -65,7 +66,11 @@ class Sweep:
 class Store:
     def __init__(self, path: Path):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        check_output(path, None, write=False)  # not a folder, not under a file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot create its folder ({exc.strerror})") from None
         try:
             self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
