@@ -29,6 +29,7 @@ from kbd.daemon import identity
 from kbd.daemon.state import InstanceLock, StatePaths, rotate_log
 from kbd.daemon.work import Work
 from kbd.shared import protocol
+from kbd.shared.errors import InputError
 from kbd.shared.protocol import (
     DAEMON_PROTOCOL,
     MAX_CLIENT_FRAME,
@@ -56,7 +57,10 @@ def run(paths: StatePaths, *, idle_timeout: float, log_file: Path | None, work: 
     paths.ensure()
     if log_file is not None:
         rotate_log(paths)
-        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise InputError(f"--log {log_file}: cannot open ({exc.strerror})") from None
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

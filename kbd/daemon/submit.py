@@ -26,6 +26,7 @@ from kbd.plan import catalog, spec
 from kbd.plan.spec import SweepSpec
 from kbd.results.record import Record
 from kbd.results.store import Store, Sweep
+from kbd.shared.errors import InputError
 from kbd.shared.protocol import (
     Accepted,
     AttachRequest,
@@ -165,6 +166,8 @@ def follow(connection: Connection, args: Namespace, accepted: Accepted) -> int:
 def attach(args: Namespace) -> int:
     """`kbd attach [ID]`: follow a sweep running in the daemon (never starts one)."""
     paths = StatePaths.for_store(store_path(args))
+    if args.id is not None:
+        _require_sweep(paths.store, args.id)
     connection = client.connect(paths)
     if connection is None:
         print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
@@ -181,6 +184,7 @@ def attach(args: Namespace) -> int:
 def cancel(args: Namespace) -> int:
     """`kbd cancel ID [--kill]`."""
     paths = StatePaths.for_store(store_path(args))
+    _require_sweep(paths.store, args.id)
     connection = client.connect(paths)
     if connection is None:
         print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
@@ -191,6 +195,18 @@ def cancel(args: Namespace) -> int:
         return 0
     print(f"kbd: {reply.message}", file=sys.stderr)
     return reply.exit_status
+
+
+def _require_sweep(path: Path, sweep_id: int) -> None:
+    """A sweep id the store never recorded is bad input, whether a daemon runs or not (a sweep
+    a daemon runs has its row from the start)."""
+    if not path.exists():
+        raise InputError(f"{path}: no results database, so no sweep {sweep_id} (or pass --db)")
+    store = Store(path)
+    try:
+        store.sweep(sweep_id)  # raises InputError naming the id
+    finally:
+        store.close()
 
 
 def _say(text: str) -> None:
