@@ -21,6 +21,7 @@ import msgspec
 from kbd.bench.summary import CORRECT
 from kbd.commands.history import open_store
 from kbd.results.record import Record
+from kbd.shared.errors import InputError
 
 Z95 = 1.959964
 
@@ -158,6 +159,8 @@ def report(rows: Sequence[KernelComparison], label_a: str, label_b: str, thresho
 
 def main(args) -> int:
     """`kbd compare A B`: exit 0, or 1 with --fail-on-regression and a regression."""
+    if not args.threshold >= 0:  # also NaN
+        raise InputError(f"--threshold must not be negative, got {args.threshold:g}")
     store = open_store(args)
     sweeps = [store.sweep(args.a), store.sweep(args.b)]
     records = [_ordered(store.records(s.id), s.kernels) for s in sweeps]
