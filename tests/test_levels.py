@@ -384,15 +384,15 @@ def test_check_without_kernelbench_skips_that_part(monkeypatch, tmp_path, capsys
     assert "skipped checking the kernels against KernelBench" in capsys.readouterr().out
 
 
-def test_check_reports_layout_and_schema_problems(tmp_path: Path, capsys):
+def test_check_reports_layout_and_schema_problems(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("KBD_KERNELBENCH", str(tmp_path / "no"))  # not checked against one
     levels = tmp_path / "levels"
     levels.mkdir()
     (levels / "level1.yaml").write_text(
         SMOKE.header("level1") + "\n- kernel: level1/1_K.py\n  gflops:   1\n"
     )
     (levels / "level2.yaml").write_text("- kernel: level2/1_K.py\n  colour: red\n")
-    args = ["levels", "check", "--levels-dir", str(levels), "--kernelbench", str(tmp_path / "no")]
-    assert cli.main(args) == 1
+    assert cli.main(["levels", "check", "--levels-dir", str(levels)]) == 1
     out = capsys.readouterr().out
     line = SMOKE.header("level1").count("\n") + 3  # after the header, a blank line, the kernel
     assert f"level1.yaml:{line}: not in the generator's layout (expected '  gflops: 1')" in out

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from kbd.plan.catalog import Expectation
-from kbd.shared.outcomes import CODES, EXPECTABLE, ORDER, TABLE, format_counts
+from kbd.shared.outcomes import EXPECTABLE, ORDER, TABLE, format_counts
 from kbd.shared.protocol import Result
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -18,7 +18,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def test_the_wire_type_accepts_exactly_the_table():
     for name in ORDER:
-        assert msgspec.json.decode(f'{{"outcome": "{name}", "phase": "run"}}', type=Result)
+        result = msgspec.json.decode(f'{{"outcome": "{name}", "phase": "run"}}', type=Result)
+        assert result.outcome == name
     with pytest.raises(msgspec.ValidationError, match="outcome"):
         msgspec.json.decode('{"outcome": "mystery", "phase": "run"}', type=Result)
 
@@ -31,10 +32,10 @@ def test_readme_lists_every_outcome_in_table_order_with_its_meaning():
     assert parsed == [(c.name, c.meaning) for c in TABLE]
 
 
-def test_expectable_outcomes_are_failures_and_never_correct():
-    assert EXPECTABLE == ("mismatch", "error", "crash", "timeout", "memory", "eager")
-    for name in EXPECTABLE:
-        assert CODES[name].failure and not CODES[name].correct
+def test_expectable_outcomes_are_exactly_the_failures_that_say_the_kernel_is_wrong():
+    """An `xfail` may name a failure that is a verdict against the kernel, and any such
+    failure, so that update-xfail can record every one; never a correct result (xpass)."""
+    assert tuple(c.name for c in TABLE if c.failure and not c.correct) == EXPECTABLE
 
 
 def test_junit_failure_is_exactly_a_failing_outcome():

@@ -21,6 +21,7 @@ import msgspec
 
 from kbd.results.record import Record
 from kbd.results.store import Store
+from kbd.shared.errors import InputError
 from kbd.shared.outcomes import CORRECT
 
 Z95 = 1.959964
@@ -163,6 +164,8 @@ def report(rows: Sequence[KernelComparison], label_a: str, label_b: str, thresho
 
 def main(args) -> int:
     """`kbd compare A B`: exit 0, or 1 with --fail-on-regression and a regression."""
+    if not args.threshold >= 0:  # also NaN
+        raise InputError(f"--threshold must not be negative, got {args.threshold:g}")
     store = Store.existing(Path(args.db))
     sweeps = [store.sweep(args.a), store.sweep(args.b)]
     records = [store.records(s.id) for s in sweeps]

@@ -9,13 +9,17 @@ from pathlib import Path
 from kbd.bench import report
 from kbd.plan import spec
 from kbd.plan.invocation import Invocation
+from kbd.plan.paths import check_output
 from kbd.results.store import Store, Sweep
+from kbd.shared.errors import InputError
 from kbd.shared.outcomes import format_counts
 from kbd.views import reports
 
 
 def show_results(invocation: Invocation) -> int:
     """`kbd results [ID]`: a stored sweep's records, as lines, JSON Lines, JUnit or HTML."""
+    check_output(invocation.junit, "--junit")
+    check_output(invocation.html, "--html")
     store = Store.existing(invocation.store_path)
     sweep = store.sweep(invocation.id)
     records = store.records(sweep.id)
@@ -23,7 +27,7 @@ def show_results(invocation: Invocation) -> int:
         reports.write_junit(records, Path(invocation.junit))
     if invocation.html:
         page = report.render(records, f"kbd sweep {sweep.id}: {sweep.command}")
-        Path(invocation.html).write_text(page)
+        _write(Path(invocation.html), page)
     if invocation.json:
         for record in records:
             print(reports.json_line(record))
@@ -37,6 +41,14 @@ def show_results(invocation: Invocation) -> int:
     if missing:
         print(f"{missing} runs have no result yet: `kbd sweep --resume {sweep.id}`")
     return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:  # checked at the start (check_output); this is a late failure
+        raise InputError(f"{path}: cannot write the HTML page ({exc.strerror or exc})") from None
 
 
 def list_sweeps(invocation: Invocation) -> int:

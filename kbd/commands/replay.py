@@ -21,26 +21,30 @@ from kbd.engine.bundles import Bundle
 from kbd.engine.scratch import scratch_folder
 from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import limits
+from kbd.plan.paths import check_output
 from kbd.results.record import classify
 from kbd.shared import identity
-from kbd.shared.errors import TemplateError
+from kbd.shared.errors import InputError, TemplateError
 from kbd.shared.protocol import Limits, Replay
 
 EXIT_PASSED, EXIT_FAILED = 0, 1  # bad input is 2, through InputError (kbd.cli)
 
 
 def main(args: Namespace) -> int:
-    bundle = bundles.load(Path(args.bundle))
+    if not args.timeout > 0:  # also NaN
+        raise InputError(f"--timeout must be positive, got {args.timeout:g}")
     mem_limit = (
         None
         if args.mem_limit.lower() == "none"
         else limits.parse_size(args.mem_limit, "--mem-limit")
     )
+    check_output(args.log_dir, "--log-dir", folder=True)
     log_dir = (
         Path(args.log_dir)
         if args.log_dir
         else Path(".kbd/logs") / time.strftime("replay-%Y%m%d-%H%M%S")
     )
+    bundle = bundles.load(Path(args.bundle))
     m = bundle.manifest
     graph = f", graph {m.subgraph}" if m.subgraph is not None else ""
     print(

@@ -18,6 +18,7 @@ import msgspec
 from kbd import cluster
 from kbd.plan import limits, spec
 from kbd.plan.invocation import Invocation
+from kbd.plan.paths import check_output
 from kbd.plan.spec import SweepSpec
 from kbd.results.record import Record
 from kbd.results.store import Store, Sweep
@@ -46,6 +47,8 @@ def options_of(
 def run_or_sweep(invocation: Invocation, args_spec: SweepSpec | None) -> int:
     """Run or sweep as the invocation says; `args_spec` is the command line's spec (None when
     it resumes a stored sweep)."""
+    check_output(invocation.junit, "--junit")  # before anything runs or is stored
+    check_output(invocation.log_dir, "--log-dir", folder=True)
     store = Store(invocation.store_path) if invocation.sweep else None
     options, resumed = options_of(invocation, args_spec, store)
     if options.cluster is not None:

@@ -15,6 +15,8 @@ from kbd.daemon.state import AlreadyRunning, StatePaths
 from kbd.daemon.wire import DaemonStatus, Done, StatusRequest, StopRequest
 from kbd.daemon.work import Work
 from kbd.plan import limits
+from kbd.results.store import Store
+from kbd.shared.errors import InputError
 
 EXIT_NOT_RUNNING = 3
 
@@ -28,7 +30,15 @@ def main(args: Namespace) -> int:
         return 1
 
 
+def _check_start(args: Namespace, paths: StatePaths) -> None:
+    """What a daemon about to start needs, checked before it starts (InputError: status 2)."""
+    if not args.idle_timeout >= 0:  # also NaN
+        raise InputError(f"--idle-timeout must be 0 (never) or positive, got {args.idle_timeout:g}")
+    Store(paths.store).close()  # a results database, or where one can be created
+
+
 def _run(args: Namespace, paths: StatePaths) -> int:
+    _check_start(args, paths)
     cores = limits.usable_cores()
     budget = (
         limits.parse_size(args.mem_budget, "--mem-budget")
@@ -48,6 +58,7 @@ def _run(args: Namespace, paths: StatePaths) -> int:
 
 
 def _start(args: Namespace, paths: StatePaths) -> int:
+    _check_start(args, paths)
     started = time.monotonic()
     connection = client.ensure(paths, idle_timeout=args.idle_timeout, announce=_say)
     _wait_warm(connection)

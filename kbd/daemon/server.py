@@ -55,7 +55,10 @@ def run(paths: StatePaths, *, idle_timeout: float, log_file: Path | None, work: 
     paths.ensure()
     if log_file is not None:
         rotate_log(paths)
-        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise InputError(f"--log {log_file}: cannot open ({exc.strerror})") from None
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

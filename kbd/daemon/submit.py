@@ -40,6 +40,7 @@ from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, Invocation
 from kbd.plan.spec import SweepSpec
 from kbd.results.record import Record
 from kbd.results.store import Store, Sweep
+from kbd.shared.errors import InputError
 from kbd.views import reports
 from kbd.views.progress import Progress
 
@@ -153,6 +154,8 @@ def follow(connection: Connection, invocation: Invocation, accepted: Accepted) -
 def attach(invocation: Invocation) -> int:
     """`kbd attach [ID]`: follow a sweep running in the daemon (never starts one)."""
     paths = StatePaths.for_store(invocation.store_path)
+    if invocation.id is not None:
+        _require_sweep(paths.store, invocation.id)
     connection = client.connect(paths)
     if connection is None:
         print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
@@ -169,6 +172,7 @@ def attach(invocation: Invocation) -> int:
 def cancel(invocation: Invocation) -> int:
     """`kbd cancel ID [--kill]`."""
     paths = StatePaths.for_store(invocation.store_path)
+    _require_sweep(paths.store, invocation.id)
     connection = client.connect(paths)
     if connection is None:
         print(f"kbd: no daemon running for {paths.store}", file=sys.stderr)
@@ -179,6 +183,18 @@ def cancel(invocation: Invocation) -> int:
         return 0
     print(f"kbd: {reply.message}", file=sys.stderr)
     return reply.exit_status
+
+
+def _require_sweep(path: Path, sweep_id: int) -> None:
+    """A sweep id the store never recorded is bad input, whether a daemon runs or not (a sweep
+    a daemon runs has its row from the start)."""
+    if not path.exists():
+        raise InputError(f"{path}: no results database, so no sweep {sweep_id} (or pass --db)")
+    store = Store(path)
+    try:
+        store.sweep(sweep_id)  # raises InputError naming the id
+    finally:
+        store.close()
 
 
 def _say(text: str) -> None:

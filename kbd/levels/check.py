@@ -9,7 +9,8 @@ Checks, in order:
 4. when KernelBench is found (`--kernelbench`, $KBD_KERNELBENCH, the submodule): every listed
    kernel exists there and every problem of level1-3 has an entry in each tier. Without
    KernelBench (a fresh clone before `git submodule update --init`) this part is skipped with a
-   note, and the command still exits 0 when the rest holds.
+   note, and the command still exits 0 when the rest holds; a `--kernelbench DIR` that does
+   not exist is an error (exit status 2).
 
 Whether the measured fields are up to date needs torch and minutes: `kbd levels generate --check`.
 """
@@ -26,6 +27,10 @@ from kbd.shared.errors import InputError
 
 def run(args: Namespace) -> int:
     levels_dir = Path(args.levels_dir) if args.levels_dir else schema.LEVELS_DIR
+    if not levels_dir.is_dir():
+        raise InputError(f"--levels-dir {levels_dir}: no such folder")
+    if args.kernelbench:  # named on the command line: a typo, not a clone without the submodule
+        catalog.kernelbench_root(args.kernelbench)
     problems: list[str] = []
     listed: dict[str, set[str]] = {}  # tier -> kernels
     for name, tier in schema.TIERS.items():
@@ -55,6 +60,8 @@ def run(args: Namespace) -> int:
             print(f"{path}: {len(entries)} entries")
         listed[name] = set(kernels) | selected
         problems.extend(_overrides(directory / "overrides.yaml", set(kernels)))
+    if not listed:
+        raise InputError(f"--levels-dir {levels_dir}: no levels files (*.yaml) to check")
     problems.extend(_against_kernelbench(args.kernelbench, listed))
     for problem in problems:
         print(f"kbd levels check: {problem}")

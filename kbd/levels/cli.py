@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     if args.levels_command == "generate":
         if args.jobs < 1:
             raise InputError(f"-j/--jobs must be at least 1, got {args.jobs}")
+        if not args.timeout > 0:  # also NaN
+            raise InputError(f"--timeout must be positive, got {args.timeout:g}")
         from kbd.levels import generate
 
         return generate.run(args)

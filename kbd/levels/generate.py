@@ -25,6 +25,7 @@ from kbd.engine import scheduler
 from kbd.engine.runner import run_in_worker
 from kbd.engine.spawner import Spawner, template_env
 from kbd.plan import catalog, limits, schema
+from kbd.plan.paths import check_output
 from kbd.plan.schema import Tier
 from kbd.results.record import classify
 from kbd.shared.errors import InputError
@@ -51,8 +52,17 @@ def run(args: Namespace) -> int:
         k for ks in kernels.values() for k in ks if not args.only or k.startswith(tuple(args.only))
     ]
     if not selected:
-        raise InputError(f"no KernelBench problem under {root} matches {' '.join(args.only)}")
+        which = f"matches {' '.join(args.only)}" if args.only else "found"
+        raise InputError(
+            f"no KernelBench problem under {root} {which} "
+            f"(looked for {', '.join(f'{level}/*.py' for level in schema.LEVELS)})"
+        )
     mem_limit = limits.parse_size(args.mem_limit, "--mem-limit")
+    # before any worker runs: where the files and logs go
+    check_output(
+        directory, "--levels-dir" if args.levels_dir else None, folder=True, write=not args.check
+    )
+    check_output(args.log_dir, "--log-dir", folder=True)
     tasks = [
         _task(root, kernel, tier, overrides.get(kernel, {}), Limits(mem_limit=mem_limit))
         for kernel in selected

@@ -81,13 +81,17 @@ def run(args: Namespace) -> int:
     sweep = store.sweep(args.sweep)
     decided = decisions(store.records(sweep.id))
     files = [Path(f) for f in args.levels] or catalog.default_levels_files()
-    for file in files:
-        text = catalog.read_levels_text(file)
+    texts = {file: catalog.read_levels_text(file) for file in files}
+    updates = {}
+    for file, text in texts.items():  # every file valid before and after, before any is written
+        catalog.load_text(text, file)
         new = rewrite(text, decided)
         if new != text:
             catalog.load_text(new, file)
-            file.write_text(new)
-            print(f"updated {file}")
+            updates[file] = new
+    for file, new in updates.items():
+        file.write_text(new)
+        print(f"updated {file}")
     expected = sum(1 for v in decided.values() if v is not None)
     print(
         f"sweep {sweep.id}: {expected} expected failures recorded, "

@@ -10,6 +10,7 @@ shown (`--json`, `--junit`, `--log-dir`) is not part of it: that belongs to each
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from argparse import Namespace
 from pathlib import Path
@@ -128,10 +129,15 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:
             raise InputError(f"-j/--jobs must be at least 1, got {self.jobs}")
-        if self.timeout <= 0:
+        if not self.timeout > 0:  # also NaN
             raise InputError(f"--timeout must be positive, got {self.timeout:g}")
-        if self.tolerance <= 0 or self.max_tolerance < self.tolerance:
-            raise InputError("--tolerance must be positive and at most --max-tolerance")
+        if not 0 < self.tolerance <= self.max_tolerance < math.inf:  # also NaN
+            raise InputError(
+                "--tolerance must be positive and at most --max-tolerance, which must be finite "
+                f"(got {self.tolerance:g} and {self.max_tolerance:g})"
+            )
+        if not 0 <= self.seed < 2**32:  # numpy's range
+            raise InputError(f"--seed must be between 0 and {2**32 - 1}, got {self.seed}")
         if self.require_sandbox and not self.sandbox:
             raise InputError("--require-sandbox and --no-sandbox contradict each other")
         if self.mem_limit is not None and self.mem_limit < limits.MIN_MEM_LIMIT:
@@ -148,7 +154,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
         if self.shard is not None and not 1 <= self.shard.index <= self.shard.count:
             raise InputError(f"--shard {self.shard}: I must be between 1 and N")
         if self.bench is not None:
-            if self.bench.min_time_s < 0:
+            if not self.bench.min_time_s >= 0:  # also NaN
                 raise InputError(
                     f"--bench-time must not be negative, got {self.bench.min_time_s:g}"
                 )
@@ -156,7 +162,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
                 raise InputError(
                     f"--bench-samples must be at least 1, got {self.bench.min_samples}"
                 )
-            if self.bench.budget_s <= 0:
+            if not self.bench.budget_s > 0:
                 raise InputError(f"--bench-budget must be positive, got {self.bench.budget_s:g}")
             if self.bench.processes < 1:
                 raise InputError(

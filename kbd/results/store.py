@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from kbd.plan.paths import check_output
 from kbd.results.record import Record
 from kbd.shared.errors import InputError
 
@@ -66,7 +67,11 @@ class Store:
     def __init__(self, path: Path):
         """Open the store at `path`, creating it (and its folder) when missing."""
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        check_output(path, None, write=False)  # not a folder, not under a file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot create its folder ({exc.strerror})") from None
         try:
             self._db = sqlite3.connect(path, isolation_level=None, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")

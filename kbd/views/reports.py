@@ -15,6 +15,7 @@ from kbd.plan.invocation import Invocation
 from kbd.plan.limits import format_size
 from kbd.results.record import Record
 from kbd.shared import containment
+from kbd.shared.errors import InputError
 from kbd.shared.outcomes import CODES, format_counts, sort_key
 from kbd.views.progress import Progress
 
@@ -189,8 +190,11 @@ def write_junit(records: list[Record], path: Path, suite: str = "kbd") -> None:
             failure.text = f"{text}\n{r.message}\nlog: {r.log}"
         elif junit == "skipped":
             ET.SubElement(case, "skipped", message=f"{text}: {r.message}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    except OSError as exc:  # checked at the start (check_output); this is a late failure
+        raise InputError(f"{path}: cannot write JUnit XML ({exc.strerror or exc})") from None
 
 
 def bench_properties(record: Record) -> dict[str, str]:
