@@ -24,6 +24,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Option defaults come from the types they fill; help strings show them with %(default)s.
 SPEC = SweepSpec()
 BENCH = BenchOptions()
+BASELINES = ("eager", "inductor")
 
 DESCRIPTION = """\
 Run KernelBench kernels through torch-mlir and an MLIR pipeline, JIT them with the MLIR
@@ -229,6 +230,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time kernels while other workers run (shorter sweeps with -j above 1, noisier "
         "figures); by default each kernel is timed alone, every other worker paused meanwhile",
+    )
+    bench.add_argument(
+        "--baseline",
+        action="append",
+        choices=BASELINES,
+        metavar="NAME",
+        help="what compiled code is timed against, besides eager (always): inductor, "
+        "torch.compile(model) with its default backend, compiled in the worker before timing "
+        "(its compile time is reported apart) and sampled in turn with eager and kbd's code "
+        "(repeatable; needs --benchmark and a C++ compiler; see README, Benchmarking)",
     )
     bench.add_argument(
         "--shapes",

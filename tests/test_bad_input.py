@@ -54,6 +54,8 @@ CASES = [
     ("run-log-dir-under-a-file", "run FX --log-dir {tmp}/afile/logs K", "--log-dir"),
     ("run-log-dir-is-a-file", "run FX --log-dir {tmp}/afile K", "--log-dir {tmp}/afile"),
     ("run-kernelbench-missing", "run FX --kernelbench {tmp}/missing K", "{tmp}/missing"),
+    ("run-baseline-without-benchmark", "run FX --baseline inductor K", "--baseline"),
+    ("run-baseline-unknown", "run FX --benchmark --baseline tvm K", "--baseline"),
     ("run-levels-missing", "run --kernelbench {kb} --levels {tmp}/no.yaml", "{tmp}/no.yaml"),
     ("run-levels-malformed", "run --kernelbench {kb} --levels {tmp}/bad.yaml", "{tmp}/bad.yaml"),
     ("run-levels-unknown-field", "run --kernelbench {kb} --levels {tmp}/colour.yaml", "'colour'"),

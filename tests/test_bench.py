@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -165,6 +166,72 @@ def test_a_further_process_that_fails_ends_the_kernel_with_its_record():
     record = anyio.run(bench_processes.run, job, None, run_once)
     assert record.outcome == "pass" and record.bench.processes == [60, 60, 60]
     assert record.wall_s == 3.0 and record.times == {"run": 3.0}
+
+
+def _with_inductor(samples: BenchSamples, inductor: float, seed: int = 7) -> BenchSamples:
+    """`samples` with an Inductor side around `inductor` ns per call, noisy like the others."""
+    rng = random.Random(seed)
+    values = [inductor * (1 + rng.gauss(0, 0.02)) for _ in samples.compiled_ns]
+    return msgspec.structs.replace(
+        samples, inductor_ns=values, inductor_batch=20, inductor_compile_s=4.0
+    )
+
+
+def test_inductor_is_a_second_baseline_with_its_own_speedup_and_interval():
+    samples = _with_inductor(_samples(100.0, 300.0, n=40), inductor=150.0)
+    figures = stats.summarize(samples, gflop=2e-3)
+    assert figures.speedup == pytest.approx(3.0, rel=0.03)
+    assert figures.speedup_inductor == pytest.approx(1.5, rel=0.03)
+    assert figures.speedup_inductor_low < figures.speedup_inductor < figures.speedup_inductor_high
+    assert figures.inductor_over_eager == pytest.approx(2.0, rel=0.03)
+    assert figures.inductor.batch == 20 and figures.inductor_compile_s == 4.0
+    assert stats.summarize(_samples(100.0, 300.0), gflop=None).speedup_inductor is None
+
+
+def test_inductor_over_processes_is_the_geometric_mean_of_theirs():
+    runs = [
+        _with_inductor(_samples(100.0, 300.0, n=30, seed=i), inductor=100.0 * s, seed=i)
+        for i, s in enumerate((1.2, 1.5, 1.8))
+    ]
+    figures = stats.combine(runs, gflop=None)
+    assert figures.speedup_inductor == pytest.approx((1.2 * 1.5 * 1.8) ** (1 / 3), rel=0.02)
+    assert figures.speedup_inductor_low < 1.2 and figures.speedup_inductor_high > 1.8
+    assert figures.speedup == pytest.approx(3.0, rel=0.03)  # eager's figure is unchanged
+    # a process where Inductor failed: no Inductor figure for the kernel, and the reason kept
+    failed = msgspec.structs.replace(runs[1], inductor_ns=[], inductor_error="CppCompileError: x")
+    figures = stats.combine([runs[0], failed, runs[2]], gflop=None)
+    assert figures.speedup_inductor is None and figures.inductor_error == "CppCompileError: x"
+    assert figures.speedup == pytest.approx(3.0, rel=0.03)
+
+
+def test_fast_p_and_geomeans_over_inductor_count_the_kernels_timed_against_it():
+    def timed(kernel: str, eager: float, inductor: float | None) -> Record:
+        samples = _samples(100.0, eager)
+        if inductor is not None:
+            samples = _with_inductor(samples, inductor)
+        bench = stats.summarize(samples, gflop=None)
+        return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench)
+
+    records = [
+        timed("level1/a", 200.0, 50.0),  # 2x eager, 0.5x Inductor (Inductor 4x eager)
+        timed("level1/b", 300.0, 300.0),  # 3x both
+        timed("level1/c", 100.0, None),  # no Inductor figure: not in its counts
+        Record(kernel="level1/d", outcome="mismatch", phase="check"),
+    ]
+    [level] = summary.by_level(records)
+    assert (level.kernels, level.timed, level.inductor_timed) == (4, 3, 2)
+    assert level.fast_p_inductor["1"] == 0.25 and level.fast_p_inductor["0"] == 0.5
+    assert level.geomean_over_inductor == pytest.approx(math.sqrt(0.5 * 3), rel=0.03)
+    assert level.geomean_inductor_over_eager == pytest.approx(math.sqrt(4 * 1), rel=0.03)
+    table = summary.table(records)
+    assert "over Inductor" in table and "Inductor/eager" in table
+    assert "over Inductor 0.5" in reports.line(records[0])
+    assert ", Inductor 50" in summary.describe(records[0])
+    failed = msgspec.structs.replace(
+        records[2].bench, inductor_error="InvalidCxxCompiler: no C++ compiler"
+    )
+    line = reports.line(msgspec.structs.replace(records[2], bench=failed))
+    assert "Inductor failed: InvalidCxxCompiler" in line and "speedup 1" in line
 
 
 def test_durations_read_in_their_unit():
@@ -401,6 +468,27 @@ def test_benchmark_sweep_end_to_end(tmp_path: Path):
     assert "level1/2_relu_scale" in page.read_text()
     same = kbd("compare", "1", "1", "--fail-on-regression", cwd=tmp_path)
     assert same.returncode == 0 and "0 slower" in same.stdout
+
+
+def test_inductor_baseline_end_to_end(tmp_path: Path):
+    """Real Inductor (torch.compile, the C++ compiler) in a contained worker, its caches in the
+    worker's scratch folder: the record carries the speedup over Inductor; on a machine with
+    no C++ compiler, the reason, and eager's figures all the same."""
+    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--bench-processes", "1"]
+    selection = ["level1/2_", "--benchmark", "--baseline", "inductor", *quick]
+    result = kbd("run", "--json", "--require-sandbox", *fixture_args(*selection), cwd=tmp_path)
+    [record] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert record["outcome"] == "pass", record["message"]
+    bench = record["bench"]
+    assert bench["speedup"] > 0 and bench["eager"]["n"] >= 3
+    if shutil.which("g++") or shutil.which("c++"):
+        assert bench["inductor_error"] is None
+        assert bench["inductor"]["n"] == bench["compiled"]["n"]
+        assert bench["speedup_inductor_low"] <= bench["speedup_inductor"]
+        assert bench["speedup_inductor"] <= bench["speedup_inductor_high"]
+        assert bench["inductor_compile_s"] > 0
+    else:
+        assert bench["inductor"] is None and bench["inductor_error"]
 
 
 def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):

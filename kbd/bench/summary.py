@@ -30,6 +30,12 @@ class LevelFigures(msgspec.Struct, frozen=True):
     geomean_speedup: float | None
     slowest: str | None  # kernel with the smallest speedup
     fastest: str | None
+    # `--baseline inductor`: the same over Inductor, for the kernels timed against it; and on
+    # those kernels, Inductor's own geomean over eager (what kbd's geomean is judged against)
+    inductor_timed: int = 0
+    fast_p_inductor: dict[str, float] = {}
+    geomean_over_inductor: float | None = None
+    geomean_inductor_over_eager: float | None = None
 
 
 def benchmarked(records: Sequence[Record]) -> list[Record]:
@@ -50,17 +56,30 @@ def figures(records: Sequence[Record], level: str, mode: str = "import") -> Leve
     timed = benchmarked(records)
     speedups = [r.bench.speedup for r in timed]
     ranked = sorted(timed, key=lambda r: r.bench.speedup)
+    against = [r.bench for r in timed if r.bench.speedup_inductor is not None]
     n = len(records)
     return LevelFigures(
         level=level,
         mode=mode,
         kernels=n,
         timed=len(timed),
-        fast_p={f"{p:g}": (sum(s > p for s in speedups) / n if n else 0.0) for p in P_VALUES},
+        fast_p=fast_p(speedups, n),
         geomean_speedup=geomean(speedups),
         slowest=ranked[0].kernel if ranked else None,
         fastest=ranked[-1].kernel if ranked else None,
+        inductor_timed=len(against),
+        fast_p_inductor=fast_p([b.speedup_inductor for b in against], n) if against else {},
+        geomean_over_inductor=geomean([b.speedup_inductor for b in against]),
+        geomean_inductor_over_eager=geomean([b.inductor_over_eager for b in against]),
     )
+
+
+def fast_p(speedups: Sequence[float], kernels: int) -> dict[str, float]:
+    """KernelBench's fast_p: the fraction of all `kernels` correct and faster than p times the
+    baseline, for each p of P_VALUES."""
+    return {
+        f"{p:g}": (sum(s > p for s in speedups) / kernels if kernels else 0.0) for p in P_VALUES
+    }
 
 
 def by_level(records: Sequence[Record]) -> list[LevelFigures]:
@@ -96,6 +115,16 @@ def table(records: Sequence[Record]) -> str:
         text += "".join(f"{row.fast_p[f'{p:g}']:>10.3f}" for p in P_VALUES)
         text += f"{_speedup(row.geomean_speedup):>10}"
         lines.append(text)
+    if any(row.inductor_timed for row in rows):
+        lines += ["", "over Inductor (torch.compile), on the kernels timed against it:"]
+        lines.append(head + f"{'Inductor/eager':>16}")
+        for row in rows:
+            text = f"{row.level:<8}" + (f"{row.mode:<9}" if several else "")
+            text += f"{row.kernels:>8}{row.inductor_timed:>7}"
+            text += "".join(f"{row.fast_p_inductor.get(f'{p:g}', 0.0):>10.3f}" for p in P_VALUES)
+            text += f"{_speedup(row.geomean_over_inductor):>10}"
+            text += f"{_speedup(row.geomean_inductor_over_eager):>16}"
+            lines.append(text)
     timed = sorted(benchmarked(records), key=lambda r: r.bench.speedup)
     if timed:
         lines.append("")
@@ -115,8 +144,14 @@ def describe(record: Record) -> str:
     b = record.bench
     compiled = "compiled forward" if b.loop == "python" else "compiled"
     text = f"{compiled} {format_ns(b.compiled.median_ns)}, eager {format_ns(b.eager.median_ns)}"
+    if b.inductor is not None:
+        text += f", Inductor {format_ns(b.inductor.median_ns)}"
     if b.compiled.gflops is not None and b.eager.gflops is not None:
         text += f", {b.compiled.gflops:.3g} vs {b.eager.gflops:.3g} GFLOPS"
+        if b.inductor is not None and b.inductor.gflops is not None:
+            text += f" (Inductor {b.inductor.gflops:.3g})"
+    if b.inductor_compile_s is not None:
+        text += f", Inductor compiled in {b.inductor_compile_s:.1f}s"
     if b.loop == "python":
         text += f", call overhead {format_ns(b.overhead_ns)}"
     text += f", n={b.compiled.n}"

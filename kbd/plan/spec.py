@@ -227,7 +227,10 @@ def _print_to(text: str | None, cwd: Path) -> str | None:
 
 
 def _bench_options(args: Namespace) -> BenchOptions | None:
+    baselines = set(args.baseline or ())
     if not args.benchmark:
+        if baselines:
+            raise InputError("--baseline needs --benchmark: baselines are what timing compares")
         return None
     return BenchOptions(
         min_time_s=args.bench_time,
@@ -235,6 +238,7 @@ def _bench_options(args: Namespace) -> BenchOptions | None:
         budget_s=args.bench_budget,
         exclusive=not args.bench_concurrently,
         processes=args.bench_processes,
+        inductor="inductor" in baselines,
     )
 
 

@@ -81,10 +81,26 @@ class Benchmark(msgspec.Struct, frozen=True):
     # Timed in several processes: how many of the pooled `samples` pairs each took, in order
     # (empty: one process).
     processes: list[int] = []
+    # `--baseline inductor`: Inductor's side, and the speedup over it (Inductor median / compiled
+    # median, over processes their geometric mean) with its 95% interval, computed as `speedup`'s
+    # is; None when not asked, or when Inductor failed (`inductor_error` says why).
+    inductor: SideStats | None = None
+    speedup_inductor: float | None = None
+    speedup_inductor_low: float | None = None
+    speedup_inductor_high: float | None = None
+    inductor_compile_s: float | None = None  # its first call, which compiled it (per process)
+    inductor_error: str | None = None
 
     @property
     def process_count(self) -> int:
         return max(1, len(self.processes))
+
+    @property
+    def inductor_over_eager(self) -> float | None:
+        """Inductor's own speedup over eager (eager median / Inductor median)."""
+        if self.inductor is None or self.inductor.median_ns <= 0:
+            return None
+        return self.eager.median_ns / self.inductor.median_ns
 
 
 def median(values: Sequence[float]) -> float:
@@ -142,18 +158,32 @@ def summarize(samples: BenchSamples, gflop: float | None) -> Benchmark:
     compiled = side(samples.compiled_ns, samples.compiled_batch, gflop)
     eager = side(samples.eager_ns, samples.eager_batch, gflop)
     low, high = paired_speedup_interval(samples.compiled_ns, samples.eager_ns)
+    inductor = speedup_inductor = inductor_low = inductor_high = None
+    if samples.inductor_ns:
+        inductor = side(samples.inductor_ns, samples.inductor_batch, gflop)
+        speedup_inductor = inductor.median_ns / compiled.median_ns
+        inductor_low, inductor_high = paired_speedup_interval(
+            samples.compiled_ns, samples.inductor_ns
+        )
+    spreads = [compiled.spread, eager.spread, *([inductor.spread] if inductor else [])]
     return Benchmark(
         compiled=compiled,
         eager=eager,
         speedup=eager.median_ns / compiled.median_ns,
         speedup_low=low,
         speedup_high=high,
-        unstable=max(compiled.spread, eager.spread) > UNSTABLE_SPREAD,
+        unstable=max(spreads) > UNSTABLE_SPREAD,
         overhead_ns=samples.overhead_ns,
         threads=samples.threads,
         budget_hit=samples.budget_hit,
         samples=samples,
         loop=samples.loop,
+        inductor=inductor,
+        speedup_inductor=speedup_inductor,
+        speedup_inductor_low=inductor_low,
+        speedup_inductor_high=inductor_high,
+        inductor_compile_s=samples.inductor_compile_s,
+        inductor_error=samples.inductor_error,
     )
 
 
@@ -162,6 +192,10 @@ def combine(runs: Sequence[BenchSamples], gflop: float | None) -> Benchmark:
     if len(runs) == 1:
         return summarize(runs[0], gflop)
     first = runs[0]
+    # Inductor's side counts only when every process timed it (else it failed somewhere).
+    with_inductor = all(run.inductor_ns for run in runs)
+    errors = [run.inductor_error for run in runs if run.inductor_error]
+    compile_times = [run.inductor_compile_s for run in runs if run.inductor_compile_s is not None]
     pooled = BenchSamples(
         compiled_ns=[ns for run in runs for ns in run.compiled_ns],
         eager_ns=[ns for run in runs for ns in run.eager_ns],
@@ -171,18 +205,48 @@ def combine(runs: Sequence[BenchSamples], gflop: float | None) -> Benchmark:
         threads=first.threads,
         budget_hit=any(run.budget_hit for run in runs),
         loop=first.loop,
+        inductor_ns=[ns for run in runs for ns in run.inductor_ns] if with_inductor else [],
+        inductor_batch=first.inductor_batch if with_inductor else 0,
+        inductor_compile_s=median(compile_times) if compile_times else None,
+        inductor_error=errors[0] if errors else None,
     )
-    figures = summarize(pooled, gflop)  # per-side figures and the pooled bootstrap interval
-    logs = [math.log(median(run.eager_ns) / median(run.compiled_ns)) for run in runs]
-    centre = math.fsum(logs) / len(logs)
-    half = t975(len(logs) - 1) * _stdev(logs, centre) / math.sqrt(len(logs))
-    return msgspec.structs.replace(
+    figures = summarize(pooled, gflop)  # per-side figures and the pooled bootstrap intervals
+    speedup, low, high = _across_processes(
+        runs, [run.eager_ns for run in runs], figures.speedup_low, figures.speedup_high
+    )
+    figures = msgspec.structs.replace(
         figures,
-        speedup=math.exp(centre),
-        speedup_low=min(math.exp(centre - half), figures.speedup_low),
-        speedup_high=max(math.exp(centre + half), figures.speedup_high),
+        speedup=speedup,
+        speedup_low=low,
+        speedup_high=high,
         processes=[min(len(run.compiled_ns), len(run.eager_ns)) for run in runs],
     )
+    if figures.inductor is None:
+        return figures
+    speedup, low, high = _across_processes(
+        runs,
+        [run.inductor_ns for run in runs],
+        figures.speedup_inductor_low,
+        figures.speedup_inductor_high,
+    )
+    return msgspec.structs.replace(
+        figures, speedup_inductor=speedup, speedup_inductor_low=low, speedup_inductor_high=high
+    )
+
+
+def _across_processes(
+    runs: Sequence[BenchSamples], baseline_ns: Sequence[Sequence[float]], low: float, high: float
+) -> tuple[float, float, float]:
+    """The speedup over a baseline of a kernel timed in several processes: the geometric mean
+    of each process's (baseline median / compiled median), with Student's t interval on their
+    logarithms, widened where needed to the pooled bootstrap interval [low, high]."""
+    logs = [
+        math.log(median(base) / median(run.compiled_ns))
+        for run, base in zip(runs, baseline_ns, strict=True)
+    ]
+    centre = math.fsum(logs) / len(logs)
+    half = t975(len(logs) - 1) * _stdev(logs, centre) / math.sqrt(len(logs))
+    return math.exp(centre), min(math.exp(centre - half), low), max(math.exp(centre + half), high)
 
 
 def t975(degrees: int) -> float:

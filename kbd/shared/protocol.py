@@ -171,6 +171,9 @@ class BenchOptions(msgspec.Struct, frozen=True):
     # Run and check the kernel once before timing it. A kernel's further processes skip that
     # (it passed in the first, with the same code); the check after timing validates each.
     check_first: bool = True
+    # `--baseline inductor`: also time torch.compile(model) with its default backend (Inductor)
+    # in the same alternation, as a second baseline beside eager.
+    inductor: bool = False
 
     def per_process(self, index: int) -> BenchOptions:
         """What the `processes` workers' number `index` (from 0) is asked to measure."""
@@ -182,6 +185,7 @@ class BenchOptions(msgspec.Struct, frozen=True):
             exclusive=self.exclusive,
             processes=1,
             check_first=index == 0,
+            inductor=self.inductor,
         )
 
 
@@ -322,6 +326,14 @@ class BenchSamples(msgspec.Struct, frozen=True):
     threads: int  # torch threads for eager (compiled code is single-threaded unless OpenMP)
     budget_hit: bool  # stopped by the time budget before the minimum time and samples
     loop: BenchLoop = "jit"
+    # With `BenchOptions.inductor`: torch.compile(model) (Inductor) timed with eager's Python
+    # loop, sample i taken right after sample i of the other two sides. Its first call, which
+    # compiles (Dynamo, Inductor, the C++ compiler), is timed apart and never sampled. Empty
+    # samples and `inductor_error` set when Inductor could not compile or run the kernel.
+    inductor_ns: list[float] = []
+    inductor_batch: int = 0
+    inductor_compile_s: float | None = None
+    inductor_error: str | None = None
 
 
 class Coverage(msgspec.Struct, frozen=True):

@@ -33,8 +33,16 @@ def line(record: Record) -> str:
         detail.append(record.message)
     if record.bench is not None:
         b = record.bench
+        versus = ""
+        if b.speedup_inductor is not None:
+            versus = (
+                f"  over Inductor {b.speedup_inductor:.3g}x "
+                f"[{b.speedup_inductor_low:.3g}, {b.speedup_inductor_high:.3g}]"
+            )
+        elif b.inductor_error:
+            versus = f"  Inductor failed: {b.inductor_error}"
         detail.append(
-            f"speedup {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}]  "
+            f"speedup {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}]{versus}  "
             f"{bench_summary.describe(record)}"
         )
     return (

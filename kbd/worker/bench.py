@@ -19,6 +19,13 @@ Samples alternate, compiled then eager, so drift (frequency, other load) hits bo
 and go on until each side has `min_time_s` of measurements and `min_samples` samples, or until
 `budget_s` has passed (a slow kernel then reports fewer samples).
 
+With `BenchOptions.inductor`, a third side joins the alternation: `torch.compile(model)` with
+its default backend, Inductor, timed with eager's Python loop, as its users call it. It is
+compiled by its first call before any sample (`inductor`), with its caches in the worker's
+scratch folder; that call's time is reported apart. When Inductor cannot compile the kernel (no
+C++ compiler, an op it rejects), the reason is reported in one line and eager's figures still
+come out.
+
 Statistics are the supervisor's job (kbd/results/stats.py); this module only measures.
 """
 
@@ -30,6 +37,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import torch
 
@@ -43,14 +51,48 @@ OVERHEAD_SAMPLES = 5
 Sample = Callable[[int], float]  # batch size -> nanoseconds for that many calls
 
 
+@dataclass
+class Baseline:
+    """A second baseline ready to sample (`sample`), or why it is not (`error`)."""
+
+    sample: Sample | None
+    compile_s: float | None = None
+    error: str | None = None
+
+
+def inductor(model: torch.nn.Module, args: list) -> Baseline:
+    """`torch.compile(model)` with Inductor, compiled by one call (timed apart), or why not.
+
+    Its caches are in the worker's scratch folder (`sandbox.use_scratch`), the only place a
+    contained worker may write. Precompiled headers are off: Inductor keeps them under the
+    template's temporary folder, fixed when it was imported, and in a fresh cache they would
+    only add a compile. It compiles in this process: a pool of compile workers would be
+    processes outside the worker's accounting."""
+    from torch._inductor import config
+
+    config.compile_threads = 1
+    config.cpp_cache_precompile_headers = False
+    start = time.perf_counter()
+    try:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*args)
+    except Exception as exc:  # any failure of Inductor's is the baseline's result
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return Baseline(None, error=f"{type(exc).__name__}: {first}"[:300])
+    return Baseline(python_loop(compiled, args), compile_s=time.perf_counter() - start)
+
+
 def measure(
     compiled: BenchTimer,
     noop: BenchTimer,
     model: torch.nn.Module,
     args: list,
     options: BenchOptions,
+    baseline: Baseline | None = None,
 ) -> BenchSamples:
-    """Import mode: the JIT's timing loop against a Python loop of eager calls."""
+    """Import mode: the JIT's timing loop against a Python loop of eager calls (and of
+    Inductor's, with `baseline`)."""
     started = time.perf_counter()
     overhead = sorted(noop(OVERHEAD_SAMPLES, OVERHEAD_BATCH) / OVERHEAD_BATCH)
     return _alternate(
@@ -60,6 +102,7 @@ def measure(
         options=options,
         started=started,
         loop="jit",
+        baseline=baseline,
     )
 
 
@@ -69,6 +112,7 @@ def measure_forward(
     args: list,
     options: BenchOptions,
     eager_settings: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    baseline: Baseline | None = None,
 ) -> BenchSamples:
     """Compile mode: the compiled forward and eager, each in the same Python loop; eager's
     batches run inside `eager_settings()`."""
@@ -82,6 +126,7 @@ def measure_forward(
         options=options,
         started=started,
         loop="python",
+        baseline=baseline,
     )
 
 
@@ -114,22 +159,30 @@ def _alternate(
     options: BenchOptions,
     started: float,
     loop: BenchLoop,
+    baseline: Baseline | None = None,
 ) -> BenchSamples:
-    """Calibrate both sides' batch sizes, then take alternating samples, compiled first."""
+    """Calibrate each side's batch size, then take alternating samples: compiled, eager, and
+    the second baseline when there is one."""
+    second = baseline.sample if baseline is not None else None
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a sample is noise, not the kernel's cost
     try:
         compiled_batch = _calibrate(compiled_sample)
         eager_batch = _calibrate(eager_sample)
+        second_batch = _calibrate(second) if second is not None else 0
         compiled_ns: list[float] = []
         eager_ns: list[float] = []
+        second_ns: list[float] = []
         while True:
             compiled_ns.append(compiled_sample(compiled_batch) / compiled_batch)
             eager_ns.append(eager_sample(eager_batch) / eager_batch)
+            if second is not None:
+                second_ns.append(second(second_batch) / second_batch)
             enough = (
                 len(compiled_ns) >= options.min_samples
                 and sum(compiled_ns) * compiled_batch >= options.min_time_s * 1e9
                 and sum(eager_ns) * eager_batch >= options.min_time_s * 1e9
+                and sum(second_ns) * second_batch >= (second is not None) * options.min_time_s * 1e9
             )
             over_budget = time.perf_counter() - started >= options.budget_s
             if enough or over_budget:
@@ -146,6 +199,10 @@ def _alternate(
         threads=torch.get_num_threads(),
         budget_hit=not enough,
         loop=loop,
+        inductor_ns=second_ns,
+        inductor_batch=second_batch,
+        inductor_compile_s=baseline.compile_s if baseline is not None else None,
+        inductor_error=baseline.error if baseline is not None else None,
     )
 
 

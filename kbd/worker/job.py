@@ -168,6 +168,7 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
                 eager_model,
                 eager_args,
                 job.bench,
+                _second_baseline(job, eager_model, eager_args),
             ),
             outputs[len(mutated) :],  # the timing loop wrote its results here
         ),
@@ -245,7 +246,10 @@ def _compile_and_check(
         """Time the whole compiled forward against eager, then run it once more from eager's
         starting state for the check after timing (Dynamo must not have recompiled)."""
         fresh = eager.fresh_args(model, args)
-        samples = bench.measure_forward(compiled, model, fresh, job.bench, dynamo.eager_settings)
+        baseline = _second_baseline(job, model, fresh)
+        samples = bench.measure_forward(
+            compiled, model, fresh, job.bench, dynamo.eager_settings, baseline
+        )
         if len(backend.graph_ops) != subgraphs:
             raise RuntimeError("Dynamo recompiled the forward while it was timed")
         with torch.no_grad():
@@ -313,6 +317,13 @@ def _checked(job: Job, step: _Step, expected, outputs, limits_enforced, measure,
         bench=samples,
         **extra,
     )
+
+
+def _second_baseline(job: Job, model, args) -> bench.Baseline | None:
+    """Inductor compiled and ready to time, when the job asks for it (`--baseline inductor`)."""
+    if not job.bench.inductor:
+        return None
+    return bench.inductor(model, args)
 
 
 def _checks_first(job: Job) -> bool:
