@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import xml.etree.ElementTree as ET
@@ -232,6 +233,8 @@ def test_fast_p_and_geomeans_over_inductor_count_the_kernels_timed_against_it():
     )
     line = reports.line(msgspec.structs.replace(records[2], bench=failed))
     assert "Inductor failed: InvalidCxxCompiler" in line and "speedup 1" in line
+    text = reports.summary([*records[:2], msgspec.structs.replace(records[2], bench=failed)])
+    assert "Inductor not timed for 1 kernel (level1/c): InvalidCxxCompiler" in text
 
 
 def test_durations_read_in_their_unit():
@@ -489,6 +492,18 @@ def test_inductor_baseline_end_to_end(tmp_path: Path):
         assert bench["inductor_compile_s"] > 0
     else:
         assert bench["inductor"] is None and bench["inductor_error"]
+
+
+def test_without_a_cxx_compiler_inductor_says_why_and_eager_figures_stay(tmp_path: Path):
+    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--bench-processes", "1"]
+    selection = ["level1/2_", "--benchmark", "--baseline", "inductor", *quick]
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler")}
+    result = kbd("run", "--json", *fixture_args(*selection), cwd=tmp_path, env=env)
+    [record] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert record["outcome"] == "pass" and result.returncode == 0
+    bench = record["bench"]
+    assert bench["speedup"] > 0 and bench["inductor"] is None and bench["speedup_inductor"] is None
+    assert "C++ compiler" in bench["inductor_error"] and "\n" not in bench["inductor_error"]
 
 
 def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):

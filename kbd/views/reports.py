@@ -102,7 +102,21 @@ def summary(records: list[Record], wall_s: float | None = None) -> str:
     if any(r.bench is not None for r in records):
         lines.append("")
         lines.append(bench_summary.table(records))
+        lines += inductor_failures(records)
     return "\n".join(lines)
+
+
+def inductor_failures(records: list[Record]) -> list[str]:
+    """One line per reason Inductor could not be timed, with how many kernels and the first."""
+    failed: dict[str, list[str]] = {}
+    for r in records:
+        if r.bench is not None and r.bench.inductor_error:
+            failed.setdefault(r.bench.inductor_error, []).append(r.label)
+    return [
+        f"Inductor not timed for {len(kernels)} kernel{'s' * (len(kernels) > 1)} "
+        f"({kernels[0]}{', ...' if len(kernels) > 1 else ''}): {reason}"
+        for reason, kernels in sorted(failed.items(), key=lambda item: -len(item[1]))
+    ]
 
 
 def artifacts(records: list[Record], most: int = 10) -> list[str]:
