@@ -133,3 +133,28 @@ def test_family_schedules_are_used_unless_smoke_testing_or_told(tmp_path):
     # A family schedule is all a kernel runs: nothing of the scalar pipeline is added after it.
     stages = pipelines.choose(generated, _from(["run"], tmp_path), SCHEDULES_DIR).stages
     assert {Path(s.source).name for s in stages}.isdisjoint({"scalar-lowering.yaml"})
+
+
+def test_an_entry_naming_no_family_carries_every_family_schedule_for_the_worker(tmp_path):
+    from kbd.engine.prepare import SCHEDULES_DIR
+    from kbd.plan import pipelines
+    from kbd.plan.catalog import Entry
+
+    plain = Entry("k.py", "l.yaml", None, None, None, None, None, "f32", None)
+    generated = Entry("k.py", "l.yaml", None, None, None, None, None, "f32", None, "softmax")
+
+    def chosen(entry: Entry, *argv: str, arch: str = "x86_64") -> pipelines.Chosen:
+        options = _from([*argv, "--target", arch, "--feature", "avx512f"], tmp_path)
+        return pipelines.choose(entry, options, SCHEDULES_DIR)
+
+    families = chosen(plain, "run").families
+    on_disk = {p.parent.name for p in (SCHEDULES_DIR / "x86_64").glob("**/f32.yaml")}
+    assert set(families) == on_disk and {"matmul", "softmax", "element_wise"} <= on_disk
+    matmul = families["matmul"]
+    assert matmul.name == "x86_64/avx512f/matmul/f32.yaml (matmul, family found at run time)"
+    assert matmul.stages == chosen(Entry("k.py", *[None] * 5, "matmul", "f32", None), "run").stages
+    assert families["softmax"].name.startswith("x86_64/softmax/f32.yaml ")
+    # an entry with a family, and a smoke test, leave nothing to choose at run time
+    assert chosen(generated, "run").families == {}
+    assert chosen(plain, "sweep", "--smoke-test").families == {}
+    assert chosen(plain, "run", arch="aarch64").families == {}

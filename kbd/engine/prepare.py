@@ -105,6 +105,7 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
             dtype=entry.dtype,
             stages=chosen.stages,
             pipeline=chosen.name,
+            families=chosen.families,
             seed=options.seed,
             tolerance=options.tolerance,
             max_tolerance=options.max_tolerance,

@@ -36,6 +36,7 @@ from kbd.shared.protocol import (
     Job,
     Library,
     Phase,
+    PipelineChosen,
     Result,
     Task,
     WorkerMessage,
@@ -62,6 +63,7 @@ class WorkerEnd:
     exit_peak: int = 0
     imported: Imported | None = None  # a fresh module for the import cache
     library: Library | None = None  # a fresh library for the compile cache
+    pipeline: str | None = None  # the pipeline the worker chose (Job.families)
     log_bytes: int = 0
     drained: anyio.Event = field(default_factory=anyio.Event)
     wall_s: float = 0.0
@@ -273,6 +275,8 @@ async def _receive(
                 state.imported = message  # run_kernel checks it is the job's key
             elif isinstance(message, Library):
                 state.library = message  # run_kernel checks it is the job's key
+            elif isinstance(message, PipelineChosen):
+                state.pipeline = message.name
             else:
                 state.result = message
     except (
@@ -388,7 +392,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         log=str(log_path),
         import_cache=_cache_use(job, state),
         compile_cache=_compile_cache_use(job, result),
-        pipeline=job.pipeline,
+        pipeline=state.pipeline or job.pipeline,
         bench=bench,
         not_benchmarked=not_benchmarked,
         coverage=result.coverage if result else None,

@@ -9,7 +9,11 @@ The rule, first match wins:
    `schedules/<arch>/<feature>/<family>/<dtype>.yaml` for the host's features in the order of
    `kbd.plan.target.RANKING` (or `--feature` in the order given), else
    `schedules/<arch>/<family>/<dtype>.yaml`.
-3. Otherwise the default scalar pipeline; a kernel whose family has no schedule for the target
+3. Family schedules are on and the entry names no family (a levels file of the user's own):
+   the job carries the pipeline of every family that has a schedule for the target and dtype,
+   and the worker finds the kernel's family in its exported graph, as `kbd levels generate`
+   does, and runs that family's pipeline; the record says the family was found at run time.
+4. Otherwise the default scalar pipeline; a kernel whose family has no schedule for the target
    says so in its record (`no softmax f32 schedule for x86_64 (avx512f, avx2)`).
 
 A kernel runs with the one pipeline chosen here: when its family schedule fails, the failure is
@@ -24,12 +28,13 @@ from typing import NamedTuple
 from kbd.plan import descriptor, target
 from kbd.plan.catalog import Entry
 from kbd.plan.spec import SweepSpec
-from kbd.shared.protocol import Stage
+from kbd.shared.protocol import FOUND_AT_RUN_TIME, FamilyPipeline, Stage
 
 
 class Chosen(NamedTuple):
     stages: list[Stage]
     name: str  # what the record's `pipeline` says: the descriptor run, and why when it fell back
+    families: dict[str, FamilyPipeline] = {}  # rule 3: the worker chooses among these
 
 
 def target_of(options: SweepSpec) -> tuple[str, list[str]]:
@@ -51,11 +56,16 @@ class Chooser:
         self.arch, self.features = target_of(options)
         self._found: dict[tuple[str, str], Path | None] = {}
         self._stages: dict[str, list[Stage]] = {}
+        self._families: dict[str, dict[str, FamilyPipeline]] = {}
 
     def choose(self, entry: Entry) -> Chosen:
         """The pipeline of one kernel."""
         default = descriptor.DEFAULT_PIPELINE
         family = entry.schedule_family
+        if family is None and self.options.family_schedules:
+            families = self.families(entry.dtype)
+            if families:
+                return Chosen(self._resolve(default), default, families)
         if family is None:
             return Chosen(self._resolve(default), default)
         if not self.options.family_schedules:
@@ -68,6 +78,25 @@ class Chooser:
         return Chosen(
             self._resolve(default), f"{default} (no {family} {entry.dtype} schedule for {where})"
         )
+
+    def families(self, dtype: str) -> dict[str, FamilyPipeline]:
+        """Every family with a schedule for the target and `dtype`, with its pipeline."""
+        if dtype not in self._families:
+            base = self.schedules_dir / self.arch
+            folders = [base / feature for feature in self.features if feature] + [base]
+            names = sorted(
+                {p.parent.name for folder in folders for p in folder.glob(f"*/{dtype}.yaml")}
+            )
+            found = {name: self._find(name, dtype) for name in names}
+            self._families[dtype] = {
+                name: FamilyPipeline(
+                    name=f"{path.relative_to(self.schedules_dir)} ({name}, {FOUND_AT_RUN_TIME})",
+                    stages=self._resolve(str(path)),
+                )
+                for name, path in found.items()
+                if path is not None
+            }
+        return self._families[dtype]
 
     def _find(self, family: str, dtype: str) -> Path | None:
         key = (family, dtype)

@@ -233,6 +233,17 @@ class StageSnapshot(msgspec.Struct, frozen=True):
     subgraph: int | None = None  # compile mode: which captured graph (0-based)
 
 
+# What a record's pipeline says when the worker chose it from `Job.families`.
+FOUND_AT_RUN_TIME = "family found at run time"
+
+
+class FamilyPipeline(msgspec.Struct, frozen=True):
+    """One schedule family's pipeline, for a worker that finds its kernel's family itself."""
+
+    name: str  # as `Job.pipeline`: the descriptor, relative to schedules/
+    stages: list[Stage]
+
+
 class Job(msgspec.Struct, frozen=True, tag="job"):
     """Everything a worker needs to run one kernel."""
 
@@ -255,6 +266,11 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     inspect: Inspect = Inspect()  # IR printing and object files
     compile_cache: CompileCache | None = None  # None: compile without the cache
     pipeline: str = ""  # what the stages are, for the record (kbd.plan.pipelines.Chosen.name)
+    # A levels entry naming no family: the pipeline of each family that has a schedule for the
+    # target. The worker finds the kernel's family in its exported graph (as `kbd levels
+    # generate` does), runs that family's pipeline instead of `stages` and says which
+    # (`PipelineChosen`); a family without one here, or none, keeps `stages`.
+    families: dict[str, FamilyPipeline] = {}
 
     @property
     def timed_alone(self) -> bool:
@@ -368,6 +384,13 @@ class Result(msgspec.Struct, frozen=True, tag="result"):
     compile_cache: str | None = None  # "hit", "miss", or "not cached: <why>"; None: not used
 
 
+class PipelineChosen(msgspec.Struct, frozen=True, tag="pipeline"):
+    """The pipeline a worker chose from `Job.families`, sent before it runs it, so that the
+    record names it even when the pipeline kills the worker."""
+
+    name: str
+
+
 class Imported(msgspec.Struct, frozen=True, tag="imported"):
     """A freshly imported module, for the supervisor to store in the import cache."""
 
@@ -400,7 +423,7 @@ class Library(msgspec.Struct, frozen=True, tag="library"):
     signature: Signature
 
 
-WorkerMessage = Phase | Result | Imported | Library | Generated
+WorkerMessage = Phase | Result | Imported | Library | Generated | PipelineChosen
 
 
 # --- supervisor -> worker, after its task ---------------------------------------------------

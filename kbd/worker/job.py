@@ -21,9 +21,11 @@ import torch
 
 from kbd.shared.protocol import (
     BENCH_PHASE,
+    FOUND_AT_RUN_TIME,
     Imported,
     Job,
     Library,
+    PipelineChosen,
     Replay,
     Result,
     is_pipeline_phase,
@@ -70,7 +72,7 @@ def run(
     job: Job,
     announce: Callable[[str], None],
     limits_enforced: dict[str, str],
-    send: Callable[[Imported | Library], None],
+    send: Callable[[Imported | Library | PipelineChosen], None],
     end: Callable[[Result], NoReturn],
 ) -> Result:
     """Run the job and return its result; never raises for a kernel's own failure.
@@ -114,9 +116,11 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
     with step("reference"):
         eager = _Eager.run(model, args)
     if job.mode == "compile":
-        return _run_compile(job, step, model, args, eager, limits_enforced, end)
+        return _run_compile(job, step, model, args, eager, limits_enforced, end, send)
     eager_model, eager_args = model, args  # what --benchmark times eager with
     with step("import"):
+        if job.families:  # exporting for it fails (or kills the worker) as importing would
+            job = _family_pipeline(job, model, args, send)
         if eager.random:  # random ops in forward take eager's draws as extra inputs
             model = state.RandomAsInputs(model, len(eager.random))
             args = [*args, *eager.random]
@@ -178,12 +182,17 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
     )
 
 
-def _run_compile(job: Job, step: _Step, model, args, eager: _Eager, limits_enforced, end) -> Result:
+def _run_compile(
+    job: Job, step: _Step, model, args, eager: _Eager, limits_enforced, end, send
+) -> Result:
     """Compile mode: torch.compile with kbd's Dynamo backend, one forward to compile (its
     subgraphs run in eager) and one, profiled, that runs the compiled code and whose outputs are
     checked. Both start from eager's RNG and buffer state."""
     from kbd.worker import dynamo  # imported here: import mode never pays for it
 
+    if job.families:
+        step("compile")  # exporting fails (or kills the worker) where compiling would
+        job = _family_pipeline(job, model, args, send)
     dynamo.configure()
     pipeline = stages.Pipeline(job.stages, job.inspect, job.limits.scratch, step)
     backend = dynamo.Backend(pipeline, job.kernel, job.opt_level, step)
@@ -317,6 +326,32 @@ def _checked(job: Job, step: _Step, expected, outputs, limits_enforced, measure,
         bench=samples,
         **extra,
     )
+
+
+def _family_pipeline(job: Job, model, args, send) -> Job:
+    """The job with its family's pipeline from `Job.families`, the family found in the exported
+    graph as `kbd levels generate` finds it. The choice is sent before the pipeline runs, so the
+    record names it even when the pipeline kills the worker. A graph that does not export
+    (data-dependent shapes, a graph break) keeps the job's own pipeline: finding a family never
+    changes how a kernel ends."""
+    from kbd.worker import families  # only for entries that name no family
+
+    try:
+        family = families.family_of(model, args)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        note = f"no family found at run time: the graph did not export ({type(exc).__name__}"
+        send(PipelineChosen(f"{job.pipeline} ({note}{': ' + reason if reason else ''}))"))
+        return job
+    chosen = job.families.get(family) if family else None
+    if chosen is None:
+        why = f"no schedule for {family}, the" if family else "no"
+        send(PipelineChosen(f"{job.pipeline} ({why} {FOUND_AT_RUN_TIME})"))
+        return job
+    send(PipelineChosen(chosen.name))
+    return msgspec.structs.replace(job, stages=chosen.stages)
 
 
 def _second_baseline(job: Job, model, args) -> bench.Baseline | None:
