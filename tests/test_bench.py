@@ -432,6 +432,120 @@ def test_html_report_parses_holds_the_data_and_needs_no_network():
     assert "&lt;x&gt;" in page  # the title is escaped
 
 
+class _Tables(HTMLParser):
+    """Every table's rows as lists of (text, attributes) cells."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[list[list[tuple[str, dict]]]] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.tables[-1][-1].append(("", dict(attrs)))
+            self._in_cell = True
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self._in_cell = False
+
+    def handle_data(self, data):
+        if self._in_cell:
+            text, attrs = self.tables[-1][-1][-1]
+            self.tables[-1][-1][-1] = (text + data, attrs)
+
+
+def _inductor_records() -> list[Record]:
+    def timed(kernel: str, eager: float, inductor: float | None = None, error: str = "") -> Record:
+        samples = _samples(100.0, eager)
+        if inductor is not None:
+            samples = _with_inductor(samples, inductor)
+        samples = msgspec.structs.replace(samples, inductor_error=error or None)
+        bench = stats.summarize(samples, gflop=2e-3)
+        return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench)
+
+    return [
+        timed("level1/a", 200.0, 50.0),  # 2x eager, 0.5x Inductor (Inductor 4x eager)
+        timed("level1/b", 300.0, 300.0),  # 3x both
+        timed("level1/c", 150.0, error="CppCompileError: <b>g++</b> & friends"),
+        Record(kernel="level1/d", outcome="crash", phase="run"),
+    ]
+
+
+def test_html_report_shows_both_baselines():
+    records = _inductor_records()
+    page = report.render(records, "kbd sweep 4")
+    parser = _Page()
+    parser.feed(page)
+    assert parser.external == []
+    assert parser.tags.count("svg") == 3  # fast_p, and a histogram over each baseline
+    tables = _Tables()
+    tables.feed(page)
+    levels_table, kernels_table = tables.tables
+    # the levels table: a row over eager, then one over Inductor, under the same columns
+    head = [text for text, _ in levels_table[0]]
+    assert head[:4] == ["level", "kernels", "over", "timed"]
+    assert head[-2:] == ["geomean speedup", "Inductor over eager"]
+    eager_row = dict(zip(head, [text for text, _ in levels_table[1]], strict=True))
+    inductor_row = dict(zip(head[2:], [text for text, _ in levels_table[2]], strict=True))
+    assert (eager_row["over"], eager_row["timed"], eager_row["fast_1"]) == ("eager", "3", "0.750")
+    assert (inductor_row["over"], inductor_row["timed"]) == ("Inductor", "2")
+    assert (inductor_row["fast_0"], inductor_row["fast_1"]) == ("0.500", "0.250")
+    assert float(inductor_row["geomean speedup"].rstrip("x")) == pytest.approx(1.22, abs=0.02)
+    assert float(inductor_row["Inductor over eager"].rstrip("x")) == pytest.approx(2, abs=0.05)
+    # the kernel table: the columns over Inductor after eager's
+    head = [text for text, _ in kernels_table[0]]
+    assert head[-6:] == [
+        "stable",
+        "over Inductor",
+        "95% interval",
+        "Inductor",
+        "Inductor GFLOPS",
+        "Inductor compile",
+    ]
+    rows = {row[0][0]: row for row in kernels_table[1:]}
+    a = dict(zip(head, rows["level1/a"], strict=True))
+    over = float(a["over Inductor"][1]["data-v"])
+    assert over == pytest.approx(0.5, rel=0.03) and a["over Inductor"][0] == f"{over:.3g}x"
+    low, high = (float(x) for x in a["95% interval"][0].split(" - "))
+    assert low < 0.5 < high and float(a["Inductor"][1]["data-v"]) == pytest.approx(50, rel=0.03)
+    assert float(a["Inductor GFLOPS"][0]) == pytest.approx(2e-3 / 50e-9, rel=0.03)
+    assert a["Inductor compile"][0] == "4s" and a["Inductor compile"][1]["data-v"] == "4.0"
+    # where Inductor failed, the reason across its columns, escaped; the row keeps every cell
+    failed = rows["level1/c"]
+    assert len(failed) == len(head) and failed[-5][1]["colspan"] == "5"
+    assert failed[-5][0] == "Inductor failed: CppCompileError: <b>g++</b> & friends"
+    markup = page.split("<script")[0]  # the data script holds it as JSON, "</" escaped
+    assert "<b>g++" not in markup and "&lt;b&gt;g++&lt;/b&gt; &amp; friends" in markup
+    assert [text for text, _ in rows["level1/d"][3:]] == [""] * (len(head) - 3)
+    # the fast_p chart: a dashed curve over Inductor, in its own colour, named in the legend
+    assert f"stroke='{report.INDUCTOR_COLORS[0]}' stroke-width='2' stroke-dasharray" in page
+    assert "level1 over eager" in page and "level1 over Inductor" in page
+    data = json.loads(parser.data_script)
+    kernels = {k["kernel"]: k for k in data["kernels"]}
+    assert kernels["level1/a"]["speedup_inductor"] == pytest.approx(0.5, rel=0.03)
+    assert kernels["level1/a"]["inductor_compile_s"] == 4.0
+    assert kernels["level1/c"]["inductor_error"].startswith("CppCompileError")
+    assert "speedup_inductor" not in kernels["level1/c"]
+    assert data["levels"][0]["inductor_timed"] == 2
+    assert data["levels"][0]["fast_p_inductor"]["1"] == 0.25
+
+
+def test_html_report_without_inductor_figures_is_as_before():
+    records = [_record("level1/a", speedup=0.5), _record("level1/b", outcome="crash")]
+    page = report.render(records, "kbd sweep 5")
+    assert "Inductor" not in page and "inductor" not in page
+    tables = _Tables()
+    tables.feed(page)
+    assert [text for text, _ in tables.tables[0][0]][-2:] == ["fast_2", "geomean speedup"]
+    assert [text for text, _ in tables.tables[1][0]][-1] == "stable"
+    assert ">level1</text>" in page  # the legend in the chart, named by the level alone
+
+
 # --- end to end -----------------------------------------------------------------------------
 
 
