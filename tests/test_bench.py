@@ -177,6 +177,19 @@ def _with_inductor(samples: BenchSamples, inductor: float, seed: int = 7) -> Ben
     )
 
 
+def _timed(
+    kernel: str, eager: float, inductor: float | None = None, error: str = "", seed: int = 1
+) -> Record:
+    """A passing record, compiled at 100ns per call, eager and Inductor as given (or Inductor
+    failed with `error`)."""
+    samples = _samples(100.0, eager, seed=seed)
+    if inductor is not None:
+        samples = _with_inductor(samples, inductor, seed=seed + 7)
+    samples = msgspec.structs.replace(samples, inductor_error=error or None)
+    bench = stats.summarize(samples, gflop=2e-3)
+    return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench)
+
+
 def test_inductor_is_a_second_baseline_with_its_own_speedup_and_interval():
     samples = _with_inductor(_samples(100.0, 300.0, n=40), inductor=150.0)
     figures = stats.summarize(samples, gflop=2e-3)
@@ -384,6 +397,70 @@ def test_a_small_change_within_the_threshold_is_not_significant():
     assert row.verdict == "faster"
 
 
+def test_compare_gives_the_ratio_over_inductor_without_judging_it():
+    before = [
+        _timed("level1/a", 200.0, 100.0, seed=1),  # over Inductor 1.0
+        _timed("level1/b", 300.0, 150.0, seed=2),  # 1.5
+        _timed("level1/c", 400.0, 200.0, seed=3),  # 4x eager, 2x Inductor
+        _timed("level1/d", 200.0, error="CppCompileError: x", seed=4),
+    ]
+    after = [
+        _timed("level1/a", 200.0, 150.0, seed=5),  # over Inductor 1.5: eager's unchanged
+        _timed("level1/b", 300.0, 300.0, seed=6),  # 3.0
+        _timed("level1/c", 200.0, 100.0, seed=7),  # 2x eager (slower), 1x Inductor
+        _timed("level1/d", 200.0, 100.0, seed=8),  # Inductor ran in B only: no ratio
+    ]
+    rows = {r.kernel: r for r in compare.compare(before, after, threshold=0.05)}
+    a, b, c, d = (rows[f"level1/{k}"] for k in "abcd")
+    assert a.ratio_inductor == pytest.approx(1.5, rel=0.03)
+    assert b.ratio_inductor == pytest.approx(2.0, rel=0.03)
+    assert c.ratio_inductor == pytest.approx(0.5, rel=0.03)
+    assert d.ratio_inductor is None and d.speedup_inductor_b is None and d.verdict == "same"
+    # the interval: both sweeps' own intervals over Inductor, combined on the log scale
+    first, second = before[1].bench, after[1].bench
+    assert (b.speedup_inductor_a, b.speedup_inductor_b) == (
+        first.speedup_inductor,
+        second.speedup_inductor,
+    )
+    error = math.hypot(
+        math.log(first.speedup_inductor_high / first.speedup_inductor_low),
+        math.log(second.speedup_inductor_high / second.speedup_inductor_low),
+    ) / (2 * compare.Z95)
+    assert b.ratio_inductor_low == pytest.approx(b.ratio_inductor * math.exp(-compare.Z95 * error))
+    assert b.ratio_inductor_high == pytest.approx(b.ratio_inductor * math.exp(compare.Z95 * error))
+    assert b.ratio_inductor_low < 2.0 < b.ratio_inductor_high
+    # verdicts and regressions stay on the speedup over eager
+    assert (a.verdict, b.verdict, c.verdict) == ("same", "same", "slower")
+    assert [r.kernel for r in rows.values() if r.regression] == ["level1/c"]
+    text = compare.report(list(rows.values()), "sweep 1", "sweep 2", 0.05)
+    [c_line] = [line for line in text.splitlines() if line.startswith("level1/c")]
+    over = f"{c.ratio_inductor:.3f} [{c.ratio_inductor_low:.3f}, {c.ratio_inductor_high:.3f}]"
+    assert c_line.endswith(f"slower  over Inductor {over}")
+    geo = (a.ratio_inductor * b.ratio_inductor * c.ratio_inductor) ** (1 / 3)
+    assert geo == pytest.approx((1.5 * 2.0 * 0.5) ** (1 / 3), rel=0.03)
+    assert (
+        f"over Inductor: geometric mean of B/A speedup ratios {geo:.3f}, on the 3 kernels"
+    ) in text
+    fields = json.loads(compare.json_row(b))
+    assert fields["ratio_inductor"] == pytest.approx(b.ratio_inductor)
+    assert fields["ratio_inductor_low"] == pytest.approx(b.ratio_inductor_low)
+    assert fields["speedup_inductor_a"] == pytest.approx(1.5, rel=0.03)
+    assert "ratio_inductor" not in json.loads(compare.json_row(d))
+
+
+def test_compare_without_inductor_in_either_sweep_reads_as_before():
+    with_inductor = [_timed("level1/a", 200.0, 100.0, seed=1)]
+    without = [_record("level1/a", speedup=2.0, seed=2)]
+    for a, b in ((with_inductor, without), (without, with_inductor), (without, without)):
+        (row,) = compare.compare(a, b, threshold=0.05)
+        assert row.ratio == pytest.approx(1.0, rel=0.05)
+        assert row.ratio_inductor is None and row.ratio_inductor_low is None
+        assert "Inductor" not in compare.report([row], "sweep 1", "sweep 2", 0.05)
+        fields = json.loads(compare.json_row(row))
+        assert not [key for key in fields if "inductor" in key]
+        assert list(fields) == [f.name for f in msgspec.structs.fields(row)][: len(fields)]
+
+
 # --- HTML -----------------------------------------------------------------------------------
 
 
@@ -459,25 +536,13 @@ class _Tables(HTMLParser):
             self.tables[-1][-1][-1] = (text + data, attrs)
 
 
-def _inductor_records() -> list[Record]:
-    def timed(kernel: str, eager: float, inductor: float | None = None, error: str = "") -> Record:
-        samples = _samples(100.0, eager)
-        if inductor is not None:
-            samples = _with_inductor(samples, inductor)
-        samples = msgspec.structs.replace(samples, inductor_error=error or None)
-        bench = stats.summarize(samples, gflop=2e-3)
-        return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench)
-
-    return [
-        timed("level1/a", 200.0, 50.0),  # 2x eager, 0.5x Inductor (Inductor 4x eager)
-        timed("level1/b", 300.0, 300.0),  # 3x both
-        timed("level1/c", 150.0, error="CppCompileError: <b>g++</b> & friends"),
+def test_html_report_shows_both_baselines():
+    records = [
+        _timed("level1/a", 200.0, 50.0),  # 2x eager, 0.5x Inductor (Inductor 4x eager)
+        _timed("level1/b", 300.0, 300.0),  # 3x both
+        _timed("level1/c", 150.0, error="CppCompileError: <b>g++</b> & friends"),
         Record(kernel="level1/d", outcome="crash", phase="run"),
     ]
-
-
-def test_html_report_shows_both_baselines():
-    records = _inductor_records()
     page = report.render(records, "kbd sweep 4")
     parser = _Page()
     parser.feed(page)
@@ -495,8 +560,9 @@ def test_html_report_shows_both_baselines():
     assert (eager_row["over"], eager_row["timed"], eager_row["fast_1"]) == ("eager", "3", "0.750")
     assert (inductor_row["over"], inductor_row["timed"]) == ("Inductor", "2")
     assert (inductor_row["fast_0"], inductor_row["fast_1"]) == ("0.500", "0.250")
-    assert float(inductor_row["geomean speedup"].rstrip("x")) == pytest.approx(1.22, abs=0.02)
-    assert float(inductor_row["Inductor over eager"].rstrip("x")) == pytest.approx(2, abs=0.05)
+    geomean = float(inductor_row["geomean speedup"].rstrip("x"))
+    assert geomean == pytest.approx(math.sqrt(0.5 * 3), rel=0.03)
+    assert float(inductor_row["Inductor over eager"].rstrip("x")) == pytest.approx(2, rel=0.03)
     # the kernel table: the columns over Inductor after eager's
     head = [text for text, _ in kernels_table[0]]
     assert head[-6:] == [
