@@ -346,6 +346,42 @@ def test_junit_carries_benchmark_properties(tmp_path):
     assert cases["b"].find("properties") is None
 
 
+def test_junit_carries_the_figures_over_inductor(tmp_path):
+    path = tmp_path / "j.xml"
+    records = [
+        _timed("level1/a", 300.0, 150.0),
+        _timed("level1/b", 200.0, error="InvalidCxxCompiler: no C++ compiler"),
+        _record("level1/c", speedup=2.0),
+    ]
+    reports.write_junit(records, path)
+    cases = {c.get("name"): c for c in ET.parse(path).getroot().iter("testcase")}
+    a, b, c = (
+        {p.get("name"): p.get("value") for p in cases[name].iter("property")} for name in "abc"
+    )
+    bench = records[0].bench
+    assert float(a["speedup_inductor"]) == pytest.approx(1.5, rel=0.03)
+    assert a["speedup_inductor"] == f"{bench.speedup_inductor:.6g}"
+    assert a["speedup_inductor_low"] == f"{bench.speedup_inductor_low:.6g}"
+    assert a["speedup_inductor_high"] == f"{bench.speedup_inductor_high:.6g}"
+    assert float(a["inductor_median_ns"]) == pytest.approx(150.0, rel=0.03)
+    assert float(a["inductor_gflops"]) == pytest.approx(2e-3 / 150e-9, rel=0.03)
+    assert a["inductor_compile_s"] == "4" and "inductor_error" not in a
+    assert float(a["speedup"]) == pytest.approx(3.0, rel=0.03)
+    assert b["inductor_error"] == "InvalidCxxCompiler: no C++ compiler"
+    assert not [key for key in b if key.startswith(("speedup_inductor", "inductor_m"))]
+    assert not [key for key in c if "inductor" in key]  # without the baseline: as before
+
+
+def test_side_by_side_modes_show_the_speedup_over_inductor():
+    imported = _timed("level1/a", 300.0, 150.0)
+    compiled = msgspec.structs.replace(_record("level1/a", speedup=0.5), mode="compile")
+    rows = reports.side_by_side([imported, compiled], ["import", "compile"])
+    b = imported.bench
+    cell = f"pass {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}], over Inductor "
+    assert cell + f"{b.speedup_inductor:.3g}x" in rows[1]
+    assert rows[1].count("Inductor") == 1  # the compile-mode cell has no Inductor figure
+
+
 # --- compare --------------------------------------------------------------------------------
 
 
