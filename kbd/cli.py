@@ -430,7 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare two stored sweeps kernel by kernel (e.g. two pipelines, or before "
         "and after a schedule change): the ratio of their speedups over eager with a 95% "
         "interval, outcome changes, and which differences are significant given the measured "
-        "noise. Rows without a significant difference are counted, not listed.",
+        "noise. Rows without a significant difference are counted, not listed. Where both "
+        "sweeps were timed against Inductor (--baseline inductor), the ratio of the speedups "
+        "over Inductor too, shown but not judged: significance and --fail-on-regression are "
+        "on the speedup over eager.",
     )
     compare.add_argument("a", type=int, metavar="A", help="the baseline sweep id")
     compare.add_argument("b", type=int, metavar="B", help="the sweep compared with it")

@@ -178,6 +178,19 @@ def _with_inductor(samples: BenchSamples, inductor: float, seed: int = 7) -> Ben
     )
 
 
+def _timed(
+    kernel: str, eager: float, inductor: float | None = None, error: str = "", seed: int = 1
+) -> Record:
+    """A passing record, compiled at 100ns per call, eager and Inductor as given (or Inductor
+    failed with `error`)."""
+    samples = _samples(100.0, eager, seed=seed)
+    if inductor is not None:
+        samples = _with_inductor(samples, inductor, seed=seed + 7)
+    samples = msgspec.structs.replace(samples, inductor_error=error or None)
+    bench = stats.summarize(samples, gflop=2e-3)
+    return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench)
+
+
 def test_inductor_is_a_second_baseline_with_its_own_speedup_and_interval():
     samples = _with_inductor(_samples(100.0, 300.0, n=40), inductor=150.0)
     figures = stats.summarize(samples, gflop=2e-3)
@@ -336,6 +349,42 @@ def test_junit_carries_benchmark_properties(tmp_path):
     assert cases["b"].find("properties") is None
 
 
+def test_junit_carries_the_figures_over_inductor(tmp_path):
+    path = tmp_path / "j.xml"
+    records = [
+        _timed("level1/a", 300.0, 150.0),
+        _timed("level1/b", 200.0, error="InvalidCxxCompiler: no C++ compiler"),
+        _record("level1/c", speedup=2.0),
+    ]
+    reports.write_junit(records, path)
+    cases = {c.get("name"): c for c in ET.parse(path).getroot().iter("testcase")}
+    a, b, c = (
+        {p.get("name"): p.get("value") for p in cases[name].iter("property")} for name in "abc"
+    )
+    bench = records[0].bench
+    assert float(a["speedup_inductor"]) == pytest.approx(1.5, rel=0.03)
+    assert a["speedup_inductor"] == f"{bench.speedup_inductor:.6g}"
+    assert a["speedup_inductor_low"] == f"{bench.speedup_inductor_low:.6g}"
+    assert a["speedup_inductor_high"] == f"{bench.speedup_inductor_high:.6g}"
+    assert float(a["inductor_median_ns"]) == pytest.approx(150.0, rel=0.03)
+    assert float(a["inductor_gflops"]) == pytest.approx(2e-3 / 150e-9, rel=0.03)
+    assert a["inductor_compile_s"] == "4" and "inductor_error" not in a
+    assert float(a["speedup"]) == pytest.approx(3.0, rel=0.03)
+    assert b["inductor_error"] == "InvalidCxxCompiler: no C++ compiler"
+    assert not [key for key in b if key.startswith(("speedup_inductor", "inductor_m"))]
+    assert not [key for key in c if "inductor" in key]  # without the baseline: as before
+
+
+def test_side_by_side_modes_show_the_speedup_over_inductor():
+    imported = _timed("level1/a", 300.0, 150.0)
+    compiled = msgspec.structs.replace(_record("level1/a", speedup=0.5), mode="compile")
+    rows = reports.side_by_side([imported, compiled], ["import", "compile"])
+    b = imported.bench
+    cell = f"pass {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}], over Inductor "
+    assert cell + f"{b.speedup_inductor:.3g}x" in rows[1]
+    assert rows[1].count("Inductor") == 1  # the compile-mode cell has no Inductor figure
+
+
 # --- compare --------------------------------------------------------------------------------
 
 
@@ -387,6 +436,70 @@ def test_a_small_change_within_the_threshold_is_not_significant():
     assert row.verdict == "faster"
 
 
+def test_compare_gives_the_ratio_over_inductor_without_judging_it():
+    before = [
+        _timed("level1/a", 200.0, 100.0, seed=1),  # over Inductor 1.0
+        _timed("level1/b", 300.0, 150.0, seed=2),  # 1.5
+        _timed("level1/c", 400.0, 200.0, seed=3),  # 4x eager, 2x Inductor
+        _timed("level1/d", 200.0, error="CppCompileError: x", seed=4),
+    ]
+    after = [
+        _timed("level1/a", 200.0, 150.0, seed=5),  # over Inductor 1.5: eager's unchanged
+        _timed("level1/b", 300.0, 300.0, seed=6),  # 3.0
+        _timed("level1/c", 200.0, 100.0, seed=7),  # 2x eager (slower), 1x Inductor
+        _timed("level1/d", 200.0, 100.0, seed=8),  # Inductor ran in B only: no ratio
+    ]
+    rows = {r.kernel: r for r in compare.compare(before, after, threshold=0.05)}
+    a, b, c, d = (rows[f"level1/{k}"] for k in "abcd")
+    assert a.ratio_inductor == pytest.approx(1.5, rel=0.03)
+    assert b.ratio_inductor == pytest.approx(2.0, rel=0.03)
+    assert c.ratio_inductor == pytest.approx(0.5, rel=0.03)
+    assert d.ratio_inductor is None and d.speedup_inductor_b is None and d.verdict == "same"
+    # the interval: both sweeps' own intervals over Inductor, combined on the log scale
+    first, second = before[1].bench, after[1].bench
+    assert (b.speedup_inductor_a, b.speedup_inductor_b) == (
+        first.speedup_inductor,
+        second.speedup_inductor,
+    )
+    error = math.hypot(
+        math.log(first.speedup_inductor_high / first.speedup_inductor_low),
+        math.log(second.speedup_inductor_high / second.speedup_inductor_low),
+    ) / (2 * compare.Z95)
+    assert b.ratio_inductor_low == pytest.approx(b.ratio_inductor * math.exp(-compare.Z95 * error))
+    assert b.ratio_inductor_high == pytest.approx(b.ratio_inductor * math.exp(compare.Z95 * error))
+    assert b.ratio_inductor_low < 2.0 < b.ratio_inductor_high
+    # verdicts and regressions stay on the speedup over eager
+    assert (a.verdict, b.verdict, c.verdict) == ("same", "same", "slower")
+    assert [r.kernel for r in rows.values() if r.regression] == ["level1/c"]
+    text = compare.report(list(rows.values()), "sweep 1", "sweep 2", 0.05)
+    [c_line] = [line for line in text.splitlines() if line.startswith("level1/c")]
+    over = f"{c.ratio_inductor:.3f} [{c.ratio_inductor_low:.3f}, {c.ratio_inductor_high:.3f}]"
+    assert c_line.endswith(f"slower  over Inductor {over}")
+    geo = (a.ratio_inductor * b.ratio_inductor * c.ratio_inductor) ** (1 / 3)
+    assert geo == pytest.approx((1.5 * 2.0 * 0.5) ** (1 / 3), rel=0.03)
+    assert (
+        f"over Inductor: geometric mean of B/A speedup ratios {geo:.3f}, on the 3 kernels"
+    ) in text
+    fields = json.loads(compare.json_row(b))
+    assert fields["ratio_inductor"] == pytest.approx(b.ratio_inductor)
+    assert fields["ratio_inductor_low"] == pytest.approx(b.ratio_inductor_low)
+    assert fields["speedup_inductor_a"] == pytest.approx(1.5, rel=0.03)
+    assert "ratio_inductor" not in json.loads(compare.json_row(d))
+
+
+def test_compare_without_inductor_in_either_sweep_reads_as_before():
+    with_inductor = [_timed("level1/a", 200.0, 100.0, seed=1)]
+    without = [_record("level1/a", speedup=2.0, seed=2)]
+    for a, b in ((with_inductor, without), (without, with_inductor), (without, without)):
+        (row,) = compare.compare(a, b, threshold=0.05)
+        assert row.ratio == pytest.approx(1.0, rel=0.05)
+        assert row.ratio_inductor is None and row.ratio_inductor_low is None
+        assert "Inductor" not in compare.report([row], "sweep 1", "sweep 2", 0.05)
+        fields = json.loads(compare.json_row(row))
+        assert not [key for key in fields if "inductor" in key]
+        assert list(fields) == [f.name for f in msgspec.structs.fields(row)][: len(fields)]
+
+
 # --- HTML -----------------------------------------------------------------------------------
 
 
@@ -433,6 +546,109 @@ def test_html_report_parses_holds_the_data_and_needs_no_network():
     assert [lv["level"] for lv in data["levels"]] == ["level1", "level2", "all"]
     assert data["levels"][0]["fast_p"]["1"] == 0.5
     assert "&lt;x&gt;" in page  # the title is escaped
+
+
+class _Tables(HTMLParser):
+    """Every table's rows as lists of (text, attributes) cells."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: list[list[list[tuple[str, dict]]]] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.tables[-1][-1].append(("", dict(attrs)))
+            self._in_cell = True
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self._in_cell = False
+
+    def handle_data(self, data):
+        if self._in_cell:
+            text, attrs = self.tables[-1][-1][-1]
+            self.tables[-1][-1][-1] = (text + data, attrs)
+
+
+def test_html_report_shows_both_baselines():
+    records = [
+        _timed("level1/a", 200.0, 50.0),  # 2x eager, 0.5x Inductor (Inductor 4x eager)
+        _timed("level1/b", 300.0, 300.0),  # 3x both
+        _timed("level1/c", 150.0, error="CppCompileError: <b>g++</b> & friends"),
+        Record(kernel="level1/d", outcome="crash", phase="run"),
+    ]
+    page = report.render(records, "kbd sweep 4")
+    parser = _Page()
+    parser.feed(page)
+    assert parser.external == []
+    assert parser.tags.count("svg") == 3  # fast_p, and a histogram over each baseline
+    tables = _Tables()
+    tables.feed(page)
+    levels_table, kernels_table = tables.tables
+    # the levels table: a row over eager, then one over Inductor, under the same columns
+    head = [text for text, _ in levels_table[0]]
+    assert head[:4] == ["level", "kernels", "over", "timed"]
+    assert head[-2:] == ["geomean speedup", "Inductor over eager"]
+    eager_row = dict(zip(head, [text for text, _ in levels_table[1]], strict=True))
+    inductor_row = dict(zip(head[2:], [text for text, _ in levels_table[2]], strict=True))
+    assert (eager_row["over"], eager_row["timed"], eager_row["fast_1"]) == ("eager", "3", "0.750")
+    assert (inductor_row["over"], inductor_row["timed"]) == ("Inductor", "2")
+    assert (inductor_row["fast_0"], inductor_row["fast_1"]) == ("0.500", "0.250")
+    geomean = float(inductor_row["geomean speedup"].rstrip("x"))
+    assert geomean == pytest.approx(math.sqrt(0.5 * 3), rel=0.03)
+    assert float(inductor_row["Inductor over eager"].rstrip("x")) == pytest.approx(2, rel=0.03)
+    # the kernel table: the columns over Inductor after eager's
+    head = [text for text, _ in kernels_table[0]]
+    assert head[-6:] == [
+        "stable",
+        "over Inductor",
+        "95% interval",
+        "Inductor",
+        "Inductor GFLOPS",
+        "Inductor compile",
+    ]
+    rows = {row[0][0]: row for row in kernels_table[1:]}
+    a = dict(zip(head, rows["level1/a"], strict=True))
+    over = float(a["over Inductor"][1]["data-v"])
+    assert over == pytest.approx(0.5, rel=0.03) and a["over Inductor"][0] == f"{over:.3g}x"
+    low, high = (float(x) for x in a["95% interval"][0].split(" - "))
+    assert low < 0.5 < high and float(a["Inductor"][1]["data-v"]) == pytest.approx(50, rel=0.03)
+    assert float(a["Inductor GFLOPS"][0]) == pytest.approx(2e-3 / 50e-9, rel=0.03)
+    assert a["Inductor compile"][0] == "4s" and a["Inductor compile"][1]["data-v"] == "4.0"
+    # where Inductor failed, the reason across its columns, escaped; the row keeps every cell
+    failed = rows["level1/c"]
+    assert len(failed) == len(head) and failed[-5][1]["colspan"] == "5"
+    assert failed[-5][0] == "Inductor failed: CppCompileError: <b>g++</b> & friends"
+    markup = page.split("<script")[0]  # the data script holds it as JSON, "</" escaped
+    assert "<b>g++" not in markup and "&lt;b&gt;g++&lt;/b&gt; &amp; friends" in markup
+    assert [text for text, _ in rows["level1/d"][3:]] == [""] * (len(head) - 3)
+    # the fast_p chart: a dashed curve over Inductor, in its own colour, named in the legend
+    assert f"stroke='{report.INDUCTOR_COLORS[0]}' stroke-width='2' stroke-dasharray" in page
+    assert "level1 over eager" in page and "level1 over Inductor" in page
+    data = json.loads(parser.data_script)
+    kernels = {k["kernel"]: k for k in data["kernels"]}
+    assert kernels["level1/a"]["speedup_inductor"] == pytest.approx(0.5, rel=0.03)
+    assert kernels["level1/a"]["inductor_compile_s"] == 4.0
+    assert kernels["level1/c"]["inductor_error"].startswith("CppCompileError")
+    assert "speedup_inductor" not in kernels["level1/c"]
+    assert data["levels"][0]["inductor_timed"] == 2
+    assert data["levels"][0]["fast_p_inductor"]["1"] == 0.25
+
+
+def test_html_report_without_inductor_figures_is_as_before():
+    records = [_record("level1/a", speedup=0.5), _record("level1/b", outcome="crash")]
+    page = report.render(records, "kbd sweep 5")
+    assert "Inductor" not in page and "inductor" not in page
+    tables = _Tables()
+    tables.feed(page)
+    assert [text for text, _ in tables.tables[0][0]][-2:] == ["fast_2", "geomean speedup"]
+    assert [text for text, _ in tables.tables[1][0]][-1] == "stable"
+    assert ">level1</text>" in page  # the legend in the chart, named by the level alone
 
 
 # --- end to end -----------------------------------------------------------------------------

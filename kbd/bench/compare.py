@@ -9,6 +9,13 @@ errors). Each sweep's interval includes how much the processes a kernel was time
 excludes 1 *and* the ratio is at least `threshold` away from 1: the host itself drifts between
 sweeps taken minutes apart (frequency, other tenants), which no interval from inside one sweep
 captures.
+
+When both sweeps were timed against Inductor (`--baseline inductor`) for a kernel, the row also
+gives the ratio of the speedups over Inductor (B/A), its interval combined the same way, and the
+report the geometric mean of those ratios. They are shown, not judged: the verdict, significance
+and `--fail-on-regression` stay defined on the speedup over eager alone. Eager is the yardstick
+that only kbd's side moves against; Inductor's time changes with torch, its own caches and
+the C++ compiler between sweeps, so a ratio over it mixes kbd's change with Inductor's.
 """
 
 from __future__ import annotations
@@ -41,6 +48,13 @@ class KernelComparison(msgspec.Struct, frozen=True):
     # faster | slower | same (timed in both); outcome (changed, not both passing);
     # failing (the same failure in both); untimed (passed in both, not timed in both); missing
     verdict: str = ""
+    # Both timed against Inductor: the speedups over it and their ratio B/A with its interval
+    # (not part of the verdict; see the module docstring)
+    speedup_inductor_a: float | None = None
+    speedup_inductor_b: float | None = None
+    ratio_inductor: float | None = None
+    ratio_inductor_low: float | None = None
+    ratio_inductor_high: float | None = None
 
     @property
     def regression(self) -> bool:
@@ -82,17 +96,15 @@ def _compare_one(kernel: str, ra: Record | None, rb: Record | None, threshold: f
     if ra.bench is None or rb.bench is None:
         return msgspec.structs.replace(row, verdict="untimed")
     sa, sb = ra.bench, rb.bench
-    ratio = sb.speedup / sa.speedup
-    error = math.hypot(
-        _log_error(sa.speedup_low, sa.speedup_high), _log_error(sb.speedup_low, sb.speedup_high)
+    ratio, low, high = _ratio(
+        (sa.speedup, sa.speedup_low, sa.speedup_high), (sb.speedup, sb.speedup_low, sb.speedup_high)
     )
-    low, high = ratio * math.exp(-Z95 * error), ratio * math.exp(Z95 * error)
     verdict = "same"
     if low > 1 and ratio >= 1 + threshold:
         verdict = "faster"
     elif high < 1 and ratio <= 1 / (1 + threshold):
         verdict = "slower"
-    return msgspec.structs.replace(
+    row = msgspec.structs.replace(
         row,
         speedup_a=sa.speedup,
         speedup_b=sb.speedup,
@@ -101,6 +113,29 @@ def _compare_one(kernel: str, ra: Record | None, rb: Record | None, threshold: f
         ratio_high=high,
         verdict=verdict,
     )
+    over_a = (sa.speedup_inductor, sa.speedup_inductor_low, sa.speedup_inductor_high)
+    over_b = (sb.speedup_inductor, sb.speedup_inductor_low, sb.speedup_inductor_high)
+    if None in over_a or None in over_b:
+        return row
+    ratio, low, high = _ratio(over_a, over_b)
+    return msgspec.structs.replace(
+        row,
+        speedup_inductor_a=over_a[0],
+        speedup_inductor_b=over_b[0],
+        ratio_inductor=ratio,
+        ratio_inductor_low=low,
+        ratio_inductor_high=high,
+    )
+
+
+def _ratio(
+    a: tuple[float, float, float], b: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """B/A of two speedups given as (speedup, low, high), with a 95% interval from their own
+    intervals, combined on the log scale as independent normal errors."""
+    ratio = b[0] / a[0]
+    error = math.hypot(_log_error(a[1], a[2]), _log_error(b[1], b[2]))
+    return ratio, ratio * math.exp(-Z95 * error), ratio * math.exp(Z95 * error)
 
 
 def _log_error(low: float, high: float) -> float:
@@ -131,10 +166,16 @@ def report(rows: Sequence[KernelComparison], label_a: str, label_b: str, thresho
         for r in shown:
             if r.ratio is not None:
                 interval = f"[{r.ratio_low:.3f}, {r.ratio_high:.3f}]"
-                lines.append(
+                text = (
                     f"{r.kernel:<{width + 2}}{r.speedup_a:>9.3g}x{r.speedup_b:>9.3g}x"
                     f"{r.ratio:>8.3f}  {interval:<17}{r.verdict}"
                 )
+                if r.ratio_inductor is not None:
+                    text += (
+                        f"{'':<{8 - len(r.verdict)}}over Inductor {r.ratio_inductor:.3f} "
+                        f"[{r.ratio_inductor_low:.3f}, {r.ratio_inductor_high:.3f}]"
+                    )
+                lines.append(text)
             else:
                 lines.append(
                     f"{r.kernel:<{width + 2}}{r.outcome_a or '-':>10}{r.outcome_b or '-':>10}"
@@ -159,7 +200,33 @@ def report(rows: Sequence[KernelComparison], label_a: str, label_b: str, thresho
             f"geometric mean of B/A speedup ratios {geo:.3f}; "
             f"median |log ratio| {spread:.3f} ({math.expm1(spread):.1%})"
         )
+    against = [r.ratio_inductor for r in rows if r.ratio_inductor is not None]
+    if against:
+        geo = math.exp(sum(math.log(x) for x in against) / len(against))
+        lines.append(
+            f"over Inductor: geometric mean of B/A speedup ratios {geo:.3f}, on the "
+            f"{len(against)} kernels timed against Inductor in both (verdicts are over eager)"
+        )
     return "\n".join(lines)
+
+
+INDUCTOR_FIELDS = (
+    "speedup_inductor_a",
+    "speedup_inductor_b",
+    "ratio_inductor",
+    "ratio_inductor_low",
+    "ratio_inductor_high",
+)
+
+
+def json_row(row: KernelComparison) -> str:
+    """One `--json` line: every field, but those over Inductor only when set, so that a row
+    without them reads exactly as before they existed."""
+    fields = msgspec.to_builtins(row)
+    for name in INDUCTOR_FIELDS:
+        if fields[name] is None:
+            del fields[name]
+    return msgspec.json.encode(fields).decode()
 
 
 def main(args) -> int:
@@ -172,7 +239,7 @@ def main(args) -> int:
     rows = compare(records[0], records[1], args.threshold)
     if args.json:
         for row in rows:
-            print(msgspec.json.encode(row).decode())
+            print(json_row(row))
     else:
         labels = [f"sweep {s.id}{_modes(r)}" for s, r in zip(sweeps, records, strict=True)]
         print(report(rows, labels[0], labels[1], args.threshold))

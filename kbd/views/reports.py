@@ -156,7 +156,8 @@ def compile_coverage(records: list[Record]) -> str:
 
 def side_by_side(records: list[Record], modes: list[str]) -> list[str]:
     """One row per kernel, one column per mode: outcome (and coverage in compile mode, and the
-    speedup over eager with its interval when benchmarked)."""
+    speedup over eager with its interval when benchmarked, and over Inductor when timed
+    against it)."""
     by_key = {r.key: r for r in records}
     kernels = list(dict.fromkeys(r.kernel for r in records))
     table = [[_mode_cell(by_key.get((kernel, mode))) for mode in modes] for kernel in kernels]
@@ -179,6 +180,8 @@ def _mode_cell(r: Record | None) -> str:
     if r.bench is not None:
         b = r.bench
         cell += f" {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}]"
+        if b.speedup_inductor is not None:
+            cell += f", over Inductor {b.speedup_inductor:.3g}x"
     return cell
 
 
@@ -236,6 +239,15 @@ def bench_properties(record: Record) -> dict[str, str]:
         "overhead_ns": b.overhead_ns,
         "unstable": str(b.unstable).lower(),
         "loop": b.loop,
+        # `--baseline inductor`: each only when set (Inductor timed, or why it failed)
+        "speedup_inductor": b.speedup_inductor,
+        "speedup_inductor_low": b.speedup_inductor_low,
+        "speedup_inductor_high": b.speedup_inductor_high,
+        "inductor_median_ns": b.inductor.median_ns if b.inductor else None,
+        "inductor_mad_ns": b.inductor.mad_ns if b.inductor else None,
+        "inductor_gflops": b.inductor.gflops if b.inductor else None,
+        "inductor_compile_s": b.inductor_compile_s,
+        "inductor_error": b.inductor_error,
     }
     return {
         k: (f"{v:.6g}" if isinstance(v, float) else str(v))
