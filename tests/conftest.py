@@ -12,6 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_KB = ROOT / "tests" / "fixtures" / "KernelBench"
 FIXTURE_LEVELS = ROOT / "tests" / "fixtures" / "levels.yaml"
+# the fixture kernels in the form of lighthouse's levels files, one entry with a `warning`
+LIGHTHOUSE_FORM = ROOT / "tests" / "fixtures" / "lighthouse.yaml"
+LIGHTHOUSE_WARNING = "WARNING: error: Dialect `tm_tensor' not found for custom op 'tm_tensor.scan'"
 REAL_KB = ROOT / "third_party" / "KernelBench" / "KernelBench"
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kbd.plan import catalog
 from kbd.plan.catalog import Entry, Expectation, check_sources, kernelbench_root, load, load_file
@@ -184,6 +186,110 @@ def test_load_several_files_in_order(tmp_path):
     assert [e.levels_file for e in entries] == [str(a), str(a), str(b)]
 
 
+def test_warning(tmp_path):
+    a, b, c = load_file(
+        write(
+            tmp_path,
+            """
+            - kernel: level1/1_A.py
+              warning: "error: Dialect `tm_tensor' not found for custom op 'tm_tensor.scan'"
+            - kernel: level1/2_B.py
+              warning: ""
+            - kernel: level1/3_C.py
+            """,
+        )
+    )
+    assert a.warning == "error: Dialect `tm_tensor' not found for custom op 'tm_tensor.scan'"
+    assert b.warning is None  # shows nothing, as in lighthouse
+    assert c.warning is None
+
+
+def test_lighthouse_forms(tmp_path):
+    """Every field and value form of lighthouse's examples/KernelBench/level*.yaml and ci.yaml,
+    read as its test-kernel-bench.py means them (a fixture of the same form, not its files)."""
+    lhs = load_file(
+        write(
+            tmp_path,
+            """
+            - kernel: level1/1_Square_matrix_multiplication_.py
+              input_shapes: [1024x1024, 1024x1024]
+              initializations: [rnd, id]
+              output_shape: 1024x1024
+              gflops: (1024 * 1024 * 1024 * 2) / 1e9
+              pipeline: matmul
+
+            - kernel: level1/5_Matrix_scalar_multiplication.py
+              input_shapes: [64x512, "1"]
+              initializations: [rnd, rnd]
+              output_shape: 64x512
+              gflops: (64 * 512) / 1e9
+              pipeline: element_wise
+
+            - kernel: level1/95_CrossEntropyLoss.py
+              input_shapes: [32768x4096, 32768]
+              initializations: [rnd, rnd]
+              output_shape: "1"
+              gflops: (32768 * 4096) / 1e9
+              warning: "RuntimeError: gather(): Expected dtype int32/int64 for index"
+
+            - kernel: level2/23_Conv3d_GroupNorm_Mean.py
+              input_shapes: [128x3x24x32x32]
+              initializations: [rnd]
+              output_shape: 128
+
+            - kernel: level3/1_MLP.py
+              input_shapes: [64x128]
+              initializations: [rnd]
+              output_shape: 64x128
+              init_args: (128,[128],128)
+              gflops: (2 * (64 * 128 * 128) + (64 * 128 * 128) + (64 * 128)) / 1e9
+              pipeline: matmul
+            """,
+        )
+    )
+    square, scalar, loss, conv, mlp = lhs
+    assert square.inputs == [
+        Tensor(Shape((1024, 1024), "f32", "rnd")),
+        Tensor(Shape((1024, 1024), "f32", "id")),
+    ]
+    assert square.gflops == pytest.approx(1024**3 * 2 / 1e9)
+    assert square.schedule_family == "matmul"
+    # a quoted "1" is a one-element tensor, as lighthouse builds `1xf32xrnd`
+    assert scalar.inputs[1] == Tensor(Shape((1,), "f32", "rnd"))
+    assert scalar.schedule_family == "element_wise"
+    # an unquoted number is a 1-D shape; "1" for a loss's result is its one-element buffer
+    assert loss.inputs[1] == Tensor(Shape((32768,), "f32", "rnd"))
+    assert loss.outputs == [Shape((1,), "f32")]
+    assert loss.warning.startswith("RuntimeError: gather()")
+    assert (loss.pipeline, loss.xfail) == (None, None)  # a warning expects nothing
+    assert conv.outputs == [Shape((128,), "f32")]
+    assert (conv.gflops, conv.warning) == (None, None)
+    assert mlp.init_args == [128, [128], 128]
+    assert mlp.gflops == pytest.approx((2 * 64 * 128 * 128 + 64 * 128 * 128 + 64 * 128) / 1e9)
+    assert mlp.schedule_family == "matmul"
+
+
+LIGHTHOUSE = os.environ.get("KBD_LIGHTHOUSE")
+
+
+@pytest.mark.skipif(
+    not LIGHTHOUSE, reason="KBD_LIGHTHOUSE (a folder of lighthouse's examples/KernelBench) not set"
+)
+def test_lighthouse_levels_files_load():
+    """Lighthouse's own files, for local use: `KBD_LIGHTHOUSE=DIR` names a folder holding its
+    level1.yaml, level2.yaml, level3.yaml and ci.yaml (never committed here)."""
+    folder = Path(LIGHTHOUSE)
+    levels = [folder / f"level{n}.yaml" for n in (1, 2, 3)]
+    for path in [*levels, folder / "ci.yaml"]:
+        raw = yaml.safe_load(path.read_text())
+        entries = load_file(path)
+        assert [e.kernel for e in entries] == [r["kernel"] for r in raw]
+        assert [e.warning for e in entries] == [r.get("warning") for r in raw]
+        assert [e.pipeline for e in entries] == [r.get("pipeline") for r in raw]
+        assert all(e.inputs is not None and e.outputs is not None for e in entries)
+    assert len(load(levels)) == sum(len(load_file(p)) for p in levels)  # together, as it runs
+
+
 def test_repository_ci_file_loads():
     entries = load([catalog.LEVELS_DIR / "ci.yaml"])
     mlp = next(e for e in entries if e.kernel == "level3/1_MLP.py")
@@ -337,9 +443,26 @@ def test_optional_string_field(tmp_path):
     assert "level1/1_K.py: field 'pipeline' must be a string" in message
 
 
-def test_warning_is_no_field_any_more(tmp_path):
-    message = error(tmp_path, "- kernel: level1/1_K.py\n  warning: slow\n")
-    assert "level1/1_K.py: unknown field 'warning'" in message
+def test_warning_must_be_a_string(tmp_path):
+    message = error(tmp_path, "- kernel: level1/1_K.py\n  warning: [slow]\n")
+    assert "level1/1_K.py: field 'warning' must be a string" in message
+
+
+def test_unknown_field_beside_lighthouse_fields(tmp_path):
+    message = error(
+        tmp_path,
+        """
+        - kernel: level1/1_K.py
+          input_shapes: [64x128]
+          initializations: [rnd]
+          output_shape: 64x128
+          warning: "error: failed to legalize operation 'torch.constant.bool'"
+
+        - kernel: level1/2_K.py
+          warnings: "one letter too many"
+        """,
+    )
+    assert "levels.yaml: level1/2_K.py: unknown field 'warnings'" in message
 
 
 @pytest.mark.parametrize("value", ["crash", "[crash]", "{phase: run}"])

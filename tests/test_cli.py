@@ -10,6 +10,8 @@ import pytest
 from tests.conftest import (
     FIXTURE_KB,
     FIXTURE_LEVELS,
+    LIGHTHOUSE_FORM,
+    LIGHTHOUSE_WARNING,
     ROOT,
     fixture_args,
     json_records,
@@ -129,6 +131,29 @@ def test_ci_kernels_pass_on_real_kernelbench(tmp_path):
     assert len(records) == 5
     assert {r["outcome"] for r in records.values()} == {"pass"}, result.stdout
     assert result.returncode == 0
+
+
+def test_a_levels_file_of_lighthouses_form_runs_and_shows_its_warning(tmp_path):
+    """Every kernel of the lighthouse-form fixture passes; the one with a `warning` has it
+    printed right above its line (plain output, in this process), again by `kbd results`, and
+    in its JSON record."""
+    levels = ("--kernelbench", str(FIXTURE_KB), "--levels", str(LIGHTHOUSE_FORM))
+    swept = kbd("sweep", *levels, "--no-daemon", cwd=tmp_path)
+    assert swept.returncode == 0, swept.stderr
+    assert "4 kernels: 4 pass" in swept.stdout
+    lines = swept.stderr.splitlines()
+    assert lines.count(LIGHTHOUSE_WARNING) == 1
+    assert sum(line.startswith("WARNING") for line in lines) == 1
+    assert lines[lines.index(LIGHTHOUSE_WARNING) + 1].startswith("PASS     level1/7_mse_loss ")
+    stored = kbd("results", cwd=tmp_path).stdout.splitlines()
+    assert stored[stored.index(LIGHTHOUSE_WARNING) + 1].startswith("PASS     level1/7_mse_loss ")
+    records = json_records(kbd("results", "--json", cwd=tmp_path).stdout)
+    assert {k: r["warning"] for k, r in records.items()} == {
+        "level1/1_matmul": None,
+        "level1/2_relu_scale": None,
+        "level1/7_mse_loss": LIGHTHOUSE_WARNING.removeprefix("WARNING: "),
+        "level1/9_linear_relu": None,
+    }
 
 
 def test_kernels_that_cannot_fit_the_budget_are_skipped(tmp_path):

@@ -19,7 +19,14 @@ from kbd.daemon.client import connect
 from kbd.daemon.state import StatePaths
 from kbd.daemon.wire import StatusRequest
 from kbd.results.store import Store
-from tests.conftest import fixture_args, json_records, kbd
+from tests.conftest import (
+    FIXTURE_KB,
+    LIGHTHOUSE_FORM,
+    LIGHTHOUSE_WARNING,
+    fixture_args,
+    json_records,
+    kbd,
+)
 
 QUICK = ("level1/2_", "level1/3_")
 
@@ -74,6 +81,18 @@ def test_run_in_the_daemon_matches_run_without_it(warm):
     }
     assert inside.returncode == outside.returncode == 1  # level9/1_ is a mismatch
     assert "run 1: 3 kernels" in _paths(warm).log.read_text()
+
+
+def test_a_levels_warning_is_shown_through_the_daemon(warm):
+    """The daemon's records carry the entry's `warning`; the client prints it above the line."""
+    result = kbd(
+        "run", "--kernelbench", str(FIXTURE_KB), "--levels", str(LIGHTHOUSE_FORM), "level1/7_",
+        cwd=warm,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "starting a daemon" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[lines.index(LIGHTHOUSE_WARNING) + 1].startswith("PASS     level1/7_mse_loss ")
 
 
 def test_bad_input_is_refused_with_status_2(warm):

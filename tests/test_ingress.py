@@ -77,3 +77,21 @@ def test_weights_become_arguments_not_constants():
     outputs, inputs = mlir.results_to_out_params(module)
     assert [t.dims for t in outputs] == [(4, 32)]
     assert (32, 64) in [t.dims for t in inputs] and (4, 64) in [t.dims for t in inputs]
+
+
+@pytest.mark.parametrize(("declared", "ok"), [((), True), ((1,), True), ((2,), False)])
+def test_declared_output_against_a_0d_result(declared, ok):
+    """A levels entry's output `scalar` matches a 0-d result, and so does `1`, lighthouse's way
+    of writing a loss's result (a one-element buffer); any other shape is an error."""
+    from types import SimpleNamespace
+
+    from kbd.worker import job as worker_job
+    from kbd.worker.mlir import BufferType
+
+    job = SimpleNamespace(outputs=[Shape(declared, "f32")])
+    signature = (job, [BufferType((), "f32")], [], [np.float32(0)], [])
+    if ok:
+        worker_job._check_signature(*signature)
+    else:
+        with pytest.raises(ValueError, match="levels entry says 2, the kernel returns scalar"):
+            worker_job._check_signature(*signature)

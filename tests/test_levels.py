@@ -281,12 +281,33 @@ def test_regeneration_keeps_hand_set_fields_and_comments(tmp_path: Path):
     text = path.read_text().replace(
         "  gflops: 2.048e-06\n",
         "  gflops: 2.048e-06\n  pipeline: matmul\n  dtype: f64\n"
+        "  warning: 'error: Dialect `tm_tensor'' not found for op ''tm_tensor.scan'''\n"
         "  xfail: {outcome: crash, phase: jit}\n",
     )
     path.write_text(text)
     assert assemble(path, {}) == text  # byte-identical, every hand-set field kept
     (entry,) = catalog.load_file(path)
     assert (entry.pipeline, entry.dtype, str(entry.xfail)) == ("matmul", "f64", "crash / jit")
+    assert entry.warning == "error: Dialect `tm_tensor' not found for op 'tm_tensor.scan'"
+
+
+def test_regeneration_keeps_a_warning_written_as_lighthouse_writes_it(tmp_path: Path):
+    """A `warning` in double quotes after `gflops` (lighthouse's form) is kept, in the
+    generator's layout and quoting, which `kbd levels check` then finds the file in."""
+    path = tmp_path / "level1.yaml"
+    path.write_text(assemble(path, {}))
+    path.write_text(
+        path.read_text().replace(
+            "  gflops: 2.048e-06\n",
+            '  gflops: 2.048e-06\n  warning: "LLVM ERROR: SmallVector unable to grow"\n',
+        )
+    )
+    text = assemble(path, {})
+    assert "  gflops: 2.048e-06\n  warning: 'LLVM ERROR: SmallVector unable to grow'\n" in text
+    path.write_text(text)
+    assert assemble(path, {}) == text
+    assert catalog.load_file(path)[0].warning == "LLVM ERROR: SmallVector unable to grow"
+    assert schema.dump(SMOKE.header("level1"), *schema.parse(text)) == text  # check's layout
 
 
 def test_overrides_replace_fields_and_reason_becomes_a_comment(tmp_path: Path):

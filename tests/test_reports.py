@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 import xml.etree.ElementTree as ET
 
+import pytest
+
+from kbd.plan.invocation import Invocation
 from kbd.results.record import Record
-from kbd.views.reports import counts, json_line, line, summary, write_junit
+from kbd.views.progress import Progress
+from kbd.views.reports import counts, json_line, line, show, shown, summary, write_junit
 
 
 def record(kernel: str, outcome: str, **fields) -> Record:
@@ -65,6 +70,30 @@ def test_line_without_detail():
     assert line(record("level1/1_A.py", "pass")) == "PASS     level1/1_A.py  [check]  0.00s  -"
 
 
+def test_warning_is_shown_before_the_line_as_lighthouse_prints_it():
+    r = record("level1/95_CE.py", "error", message="boom", warning="RuntimeError: gather()")
+    assert shown(r) == f"WARNING: RuntimeError: gather()\n{line(r)}"
+    assert "WARNING" not in line(r)
+    assert shown(record("level1/1_A.py", "pass")) == line(record("level1/1_A.py", "pass"))
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_show_prints_the_warning_right_above_the_kernels_line(live):
+    """Plain output and the live display alike: the warning, then the line, then the status
+    block redrawn below both."""
+    stream = io.StringIO()
+    progress = Progress(total=2, live=live, stream=stream)
+    progress.started("level1/95_CE.py")
+    r = record("level1/95_CE.py", "error", message="boom", warning="RuntimeError: gather()")
+    show(Invocation(command="run"), progress, r)
+    shown_text = f"WARNING: RuntimeError: gather()\n{line(r)}\n"
+    text = stream.getvalue()
+    if live:  # the block drawn at the start is cleared, then the two lines, then the block
+        assert text.startswith("[0/2]") and "\x1b[1A\x1b[2K" + shown_text + "[1/2]" in text
+    else:
+        assert text == shown_text
+
+
 # --- json_line -------------------------------------------------------------------------------
 
 
@@ -100,6 +129,12 @@ def test_json_line_nulls():
     assert data["signal"] is None
     assert data["peak_rss_bytes"] is None
     assert data["message"] == ""
+    assert data["warning"] is None
+
+
+def test_json_line_carries_the_warning():
+    r = record("level1/95_CE.py", "error", warning="error: 'torch.constant.bool'")
+    assert json.loads(json_line(r))["warning"] == "error: 'torch.constant.bool'"
 
 
 # --- summary ---------------------------------------------------------------------------------

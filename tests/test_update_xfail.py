@@ -25,6 +25,7 @@ LEVELS = """\
 - kernel: level9/2_raise.py
   xfail: {outcome: crash, phase: load}
 - kernel: level9/3_segfault.py
+  warning: "SIGSEGV, as lighthouse notes it"
 - kernel: level9/6_hang.py
   dtype: f64
 """
@@ -64,6 +65,8 @@ def test_records_evidence_and_drops_stale_keys(tmp_path):
     )
     assert entries["level9/6_hang.py"].xfail == Expectation("timeout", "run")  # no message
     assert entries["level9/6_hang.py"].dtype == "f64"  # other keys stay
+    assert entries["level9/3_segfault.py"].warning == "SIGSEGV, as lighthouse notes it"
+    assert '  warning: "SIGSEGV, as lighthouse notes it"\n  xfail: {' in text  # xfail stays last
     # Idempotent: the same evidence gives the same file.
     update_xfail("--db", str(db), "--levels", str(levels))
     assert levels.read_text() == text

@@ -296,6 +296,7 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
         message=f"{message} [{note}]" if note else message,
         wall_s=wall,
         expected=str(plan.entry.xfail) if plan.entry.xfail else None,
+        warning=plan.entry.warning,
         node=node.info.node,
         pipeline=plan.job.pipeline,
     )

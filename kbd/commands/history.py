@@ -34,7 +34,7 @@ def show_results(invocation: Invocation) -> int:
         return 0
     print(f"sweep {sweep.id} ({sweep.status}, {_when(sweep.created)}): {sweep.command}")
     for record in records:
-        print(reports.line(record))
+        print(reports.shown(record))
     missing = _expected_runs(sweep) - len(records)
     print()
     print(reports.summary(records))

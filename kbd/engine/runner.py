@@ -389,6 +389,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         times=dict(result.times) if result else {},
         limits=limits,
         expected=str(entry.xfail) if entry.xfail else None,
+        warning=entry.warning,
         log=str(log_path),
         import_cache=_cache_use(job, state),
         compile_cache=_compile_cache_use(job, result),

@@ -264,6 +264,7 @@ async def run_plan(
             phase="supervisor",
             message=f"kbd internal error: {exc!r}",
             pipeline=plan.job.pipeline,
+            warning=plan.entry.warning,
         )
 
 
@@ -307,6 +308,7 @@ def skipped(plan: Planned, reason: str) -> Record:
         phase="schedule",
         message=message,
         expected=str(plan.entry.xfail) if plan.entry.xfail else None,
+        warning=plan.entry.warning,
     )
 
 

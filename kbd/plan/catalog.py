@@ -65,6 +65,8 @@ class Entry(msgspec.Struct, frozen=True):
     dtype: str
     xfail: Expectation | None
     family: str | None = None  # the schedule family of the exported graph (generated)
+    # hand-set note shown before the kernel's line, as lighthouse's levels files use it
+    warning: str | None = None
 
     @property
     def name(self) -> str:
@@ -202,6 +204,7 @@ def _entry(path: Path, index: int, raw: Any) -> Entry:
         dtype=dtype,
         xfail=_xfail(raw.get("xfail"), where),
         family=_optional_str(raw, "family", where),
+        warning=_optional_str(raw, "warning", where) or None,  # "" shows nothing, as lighthouse
     )
 
 

@@ -31,11 +31,12 @@ FIELDS = (
     "family",
     "pipeline",
     "dtype",
+    "warning",
     "xfail",
 )
 # Written by the generator from measurement (`family`: the schedule family of the exported
 # graph); every other field is hand-set and survives regeneration (`pipeline`, which overrides
-# `family`, `dtype`, `xfail`).
+# `family`, `dtype`, `warning`, `xfail`). `xfail` stays last: update-xfail appends it.
 GENERATED = ("input_shapes", "initializations", "output_shape", "init_args", "gflops", "family")
 HAND_SET = tuple(f for f in FIELDS if f != "kernel" and f not in GENERATED)
 XFAIL_FIELDS = ("outcome", "phase", "message")

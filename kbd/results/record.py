@@ -41,6 +41,7 @@ class Record(msgspec.Struct, kw_only=True):
     times: dict[str, float] = {}
     limits: dict[str, str] = {}
     expected: str | None = None  # the xfail expectation, when the entry has one
+    warning: str | None = None  # the entry's `warning`, shown before the kernel's line
     log: str | None = None
     import_cache: str | None = None  # "hit" or "miss" when the import cache was used
     compile_cache: str | None = None  # "hit", "miss" or "not cached: <why>" when it was used

@@ -51,6 +51,14 @@ def line(record: Record) -> str:
     )
 
 
+def shown(record: Record) -> str:
+    """What a run shows for a finished kernel: its line, preceded by its levels entry's
+    `warning` as lighthouse's KernelBench script prints it (`WARNING: <text>`)."""
+    if record.warning:
+        return f"WARNING: {record.warning}\n{line(record)}"
+    return line(record)
+
+
 def coverage(record: Record) -> str:
     """'2 graphs (14 ops), 1 break, 3 eager ops' for a compile-mode record."""
     c = record.coverage
@@ -270,12 +278,13 @@ def containment_lines(records: list[Record]) -> list[str]:
 
 
 def show(invocation: Invocation, progress: Progress, record: Record) -> None:
-    """One finished kernel: its line above the progress block, or a JSON line on stdout."""
+    """One finished kernel: its line (after its warning, if any) above the progress block, or a
+    JSON line on stdout (the warning is its `warning`)."""
     if invocation.json:
         print(json_line(record), flush=True)
         progress.finished(record, None)
     else:
-        progress.finished(record, line(record))
+        progress.finished(record, shown(record))
 
 
 def report(
