@@ -110,6 +110,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )
     comp.add_argument(
+        "--dtype",
+        choices=spec.DTYPES,
+        help="element type of every kernel: its model, its floating-point inputs and outputs, "
+        "and the eager reference, replacing the levels entries' dtype (default: each entry's, "
+        "f32 unless it names one). Low-precision types are checked with at least "
+        + ", ".join(f"{t} {f:g}" for t, f in spec.TOLERANCE_FLOOR.items())
+        + " as tolerance; a kernel eager cannot run in the type is skipped (see README)",
+    )
+    comp.add_argument(
         "--seed", type=int, default=SPEC.seed, help="seed for torch and numpy (default %(default)s)"
     )
     comp.add_argument(

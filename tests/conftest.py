@@ -58,6 +58,7 @@ WHOLE_MODULES = {
     "test_containment.py",
     "test_daemon.py",
     "test_daemon_sweeps.py",
+    "test_dtypes.py",
     "test_faults.py",
     "test_levels.py",
     "test_replay.py",

@@ -56,6 +56,7 @@ CASES = [
     ("run-kernelbench-missing", "run FX --kernelbench {tmp}/missing K", "{tmp}/missing"),
     ("run-baseline-without-benchmark", "run FX --baseline inductor K", "--baseline"),
     ("run-baseline-unknown", "run FX --benchmark --baseline tvm K", "--baseline"),
+    ("run-dtype-unknown", "run FX --dtype f8 K", "--dtype"),
     ("run-levels-missing", "run --kernelbench {kb} --levels {tmp}/no.yaml", "{tmp}/no.yaml"),
     ("run-levels-malformed", "run --kernelbench {kb} --levels {tmp}/bad.yaml", "{tmp}/bad.yaml"),
     ("run-levels-unknown-field", "run --kernelbench {kb} --levels {tmp}/colour.yaml", "'colour'"),

@@ -73,6 +73,8 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
     root = catalog.kernelbench_root(options.kernelbench)
     files = [Path(f) for f in options.levels] or catalog.default_levels_files(options.shapes)
     entries = catalog.select(catalog.load(files), list(options.kernels))
+    if options.dtype is not None:
+        entries = [catalog.with_dtype(entry, options.dtype) for entry in entries]
     catalog.check_sources(entries, root)
     override = (
         descriptor.resolve_pipeline(
@@ -107,8 +109,8 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
             pipeline=chosen.name,
             families=chosen.families,
             seed=options.seed,
-            tolerance=options.tolerance,
-            max_tolerance=options.max_tolerance,
+            tolerance=options.tolerance_for(entry.dtype),
+            max_tolerance=max(options.max_tolerance, options.tolerance_for(entry.dtype)),
             opt_level=options.opt_level_for(entry.gflops),
             limits=Limits(
                 mem_limit=mem_limit,

@@ -377,6 +377,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
     return Record(
         kernel=entry.name,
         mode=job.mode,
+        dtype=job.dtype,
         outcome=final,
         phase=phase,
         signal=sig,

@@ -304,6 +304,7 @@ def skipped(plan: Planned, reason: str) -> Record:
     return Record(
         kernel=plan.entry.name,
         mode=plan.job.mode,
+        dtype=plan.job.dtype,
         outcome="skipped",
         phase="schedule",
         message=message,

@@ -157,6 +157,23 @@ def load_text(text: str, path: Path) -> list[Entry]:
     return [_entry(path, i, raw) for i, raw in enumerate(data)]
 
 
+FLOATING = ("f64", "f32", "f16", "bf16")
+
+
+def with_dtype(entry: Entry, dtype: str) -> Entry:
+    """The entry run in element type `dtype` (`--dtype`): its model, and every floating-point
+    input and output; integer inputs (indices, labels) keep theirs."""
+
+    def retyped(shape: Shape) -> Shape:
+        return msgspec.structs.replace(shape, dtype=dtype) if shape.dtype in FLOATING else shape
+
+    inputs = entry.inputs
+    if inputs is not None:
+        inputs = [Tensor(retyped(i.shape)) if isinstance(i, Tensor) else i for i in inputs]
+    outputs = [retyped(o) for o in entry.outputs] if entry.outputs is not None else None
+    return msgspec.structs.replace(entry, dtype=dtype, inputs=inputs, outputs=outputs)
+
+
 def select(entries: list[Entry], prefixes: list[str]) -> list[Entry]:
     """Entries whose kernel path starts with any prefix (all entries when none is given)."""
     if not prefixes:

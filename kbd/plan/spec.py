@@ -37,6 +37,12 @@ CHECK_OPT_LEVEL = 2
 # at 31 and 39 GFLOP), far longer than -O3 takes to JIT them.
 SMOKE_HEAVY_GFLOPS = 20.0
 LOCAL = "local"  # `--cluster local`: run on this machine (e.g. to resume a cluster sweep here)
+# Element types a whole run may be cast to (`--dtype`); a levels entry may name others (f64).
+DTYPES = ("f32", "bf16", "f16")
+# The least tolerance a kernel in a low-precision type is checked with, whatever --tolerance
+# says: eager in that type is itself that far from eager in f32 on most kernels. Measured by
+# scripts/dtype-tolerance over the smoke catalog (README, "Element types").
+TOLERANCE_FLOOR = {"bf16": 0.05, "f16": 0.01}
 _TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
 
@@ -73,7 +79,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     target: str | None = None  # --target: the finder's architecture; None = this machine's
     features: tuple[str, ...] | None = None  # --feature: the finder's features; None = host's
     seed: int = 0
-    tolerance: float = 0.01  # rtol = atol required to pass
+    tolerance: float = 0.01  # rtol = atol required to pass (at least TOLERANCE_FLOOR[dtype])
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
     opt_level: int | None = None  # the JIT's LLVM -O as given; None: per kernel (opt_level_for)
     import_cache: bool = True  # reuse imported MLIR from <cwd>/.kbd/import-cache
@@ -81,6 +87,9 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # import: torch.export of the whole forward; compile: torch.compile with kbd's Dynamo
     # backend; both: each kernel both ways (two records, keyed by kernel and mode)
     mode: Literal["import", "compile", "both"] = "import"
+    # --dtype: the element type of every kernel (its model, floating inputs and outputs),
+    # replacing its levels entry's; None = each entry's own (f32 unless it names one)
+    dtype: str | None = None
     # workers and limits
     jobs: int | None = None  # parallel workers; None = one per usable core
     timeout: float = 600.0  # seconds per kernel
@@ -111,6 +120,11 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     def family_schedules(self) -> bool:
         """Do kernels run their family schedules (kbd.plan.pipelines)?"""
         return self.schedules == "family" if self.schedules else not self.smoke_test
+
+    def tolerance_for(self, dtype: str) -> float:
+        """The tolerance a kernel of element type `dtype` is checked with: --tolerance, raised
+        to the type's floor (TOLERANCE_FLOOR); the same rule for every kernel."""
+        return max(self.tolerance, TOLERANCE_FLOOR.get(dtype, 0.0))
 
     def opt_level_for(self, gflops: float | None) -> int:
         """The JIT's -O for a kernel of `gflops` GFLOP per forward: -O as given; else -O3 with
@@ -198,6 +212,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         import_cache=not args.no_import_cache,
         compile_cache=not args.no_compile_cache,
         mode=args.mode,
+        dtype=args.dtype,
         jobs=args.jobs,
         timeout=args.timeout,
         mem_limit=_optional_size(args.mem_limit, "--mem-limit"),

@@ -29,6 +29,7 @@ class Record(msgspec.Struct, kw_only=True):
 
     kernel: str
     mode: Mode = "import"
+    dtype: str = "f32"  # the element type it ran in (--dtype, or its levels entry's)
     outcome: Outcome
     phase: str
     signal: str | None = None

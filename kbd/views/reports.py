@@ -23,6 +23,8 @@ from kbd.views.progress import Progress
 def line(record: Record) -> str:
     """One readable line: outcome, kernel, phase, time, peak memory, tolerance or message."""
     detail = []
+    if record.dtype != "f32":
+        detail.append(record.dtype)
     if record.passing_tolerance is not None and CODES[record.outcome].shows_tolerance:
         detail.append(f"tol {record.passing_tolerance:g}")
     if record.signal:

@@ -142,6 +142,23 @@ def build_model(problem: ModuleType, init_args, dtype: str) -> torch.nn.Module:
     return model.eval()
 
 
+def cast_floating(args: list, dtype: str) -> list:
+    """`get_inputs()`'s arguments in element type `dtype`: floating-point tensors are cast,
+    integer tensors and Python scalars kept."""
+    target = TORCH_DTYPES[dtype]
+    return [
+        a.to(target) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    ]
+
+
+def has_floating(model: torch.nn.Module, args: list) -> bool:
+    """Does anything the kernel computes with (an input tensor, a parameter, a buffer) hold
+    floating-point values? Without one, an element type cannot apply to it."""
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [a for a in args if isinstance(a, torch.Tensor)]
+    return any(t.is_floating_point() for t in tensors)
+
+
 def reference(model: torch.nn.Module, args: list) -> list[np.ndarray]:
     """Eager outputs as float64 numpy arrays (inputs are cloned so in-place ops can't leak)."""
     cloned = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

@@ -109,12 +109,21 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
             args = [
                 a.contiguous() if isinstance(a, torch.Tensor) else a for a in problem.get_inputs()
             ]
+            if job.dtype != "f32":
+                args = ingress.cast_floating(args, job.dtype)
             inputs = ingress.buffers_from_args(args)
         else:
             args, inputs = ingress.make_inputs(job.inputs, job.seed)
         state.register_tensor_attributes(model)
+        if job.dtype in LOW_PRECISION and not ingress.has_floating(model, args):
+            return _skipped(job, step, limits_enforced, "nothing in it is floating-point")
     with step("reference"):
-        eager = _Eager.run(model, args)
+        try:
+            eager = _Eager.run(model, args)
+        except (RuntimeError, NotImplementedError) as exc:
+            if job.dtype not in LOW_PRECISION or not _no_kernel_for_dtype(exc):
+                raise
+            return _skipped(job, step, limits_enforced, f"eager cannot run it: {exc}")
     if job.mode == "compile":
         return _run_compile(job, step, model, args, eager, limits_enforced, end, send)
     eager_model, eager_args = model, args  # what --benchmark times eager with
@@ -352,6 +361,33 @@ def _family_pipeline(job: Job, model, args, send) -> Job:
         return job
     send(PipelineChosen(chosen.name))
     return msgspec.structs.replace(job, stages=chosen.stages)
+
+
+LOW_PRECISION = ("bf16", "f16")
+# How PyTorch says an op has no kernel for an element type ("not implemented for 'BFloat16'").
+_NO_KERNEL_MARKERS = (
+    "not implemented for 'BFloat16'",
+    "not implemented for 'Half'",
+    "Low precision dtypes not supported",
+    "Unsupported dtype BFloat16",
+    "Unsupported dtype Half",
+)
+
+
+def _no_kernel_for_dtype(exc: BaseException) -> bool:
+    return any(marker in str(exc) for marker in _NO_KERNEL_MARKERS)
+
+
+def _skipped(job: Job, step: _Step, limits_enforced: dict[str, str], why: str) -> Result:
+    """A kernel that cannot run in its low-precision element type: skipped, saying why."""
+    first = why.strip().splitlines()[0] if why.strip() else why
+    return Result(
+        outcome="skipped",
+        phase=step.phase,
+        message=f"not run in {job.dtype}: {first}",
+        times=step.times,
+        limits_enforced=limits_enforced,
+    )
 
 
 def _second_baseline(job: Job, model, args) -> bench.Baseline | None:
