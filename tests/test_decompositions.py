@@ -160,3 +160,28 @@ def test_norms_that_update_running_statistics_or_are_not_float_are_left_to_torch
     assert tracked is NotImplemented
     assert norms.layer_norm(x.half(), [3, 3]) is NotImplemented
     assert norms.group_norm(x, 3) is NotImplemented  # 4 channels do not split into 3 groups
+
+
+class SumAndMatmul(torch.nn.Module):
+    def forward(self, x, w):
+        return torch.softmax(x @ w, dim=-1).sum(dim=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_ops_accumulate_in_f32_and_round_once(dtype):
+    """bf16 and f16 products, softmax and sums run on f32 copies of their operands (as eager's
+    CPU kernels do) and round back once: the graph's results match eager in the low type far
+    better than accumulating in it would, and keep the type."""
+    from kbd.worker.mlir.importer import decomposition_table
+
+    x, w = torch.randn(64, 512, dtype=dtype), torch.randn(512, 256, dtype=dtype)
+    exported = torch.export.export(SumAndMatmul(), (x, w), strict=False)
+    program = exported.run_decompositions(decomposition_table())
+    products = [n for n in program.graph.nodes if n.target == torch.ops.aten.mm.default]
+    assert [n.meta["val"].dtype for n in products] == [torch.float32]
+    result = program.module()(x, w)
+    assert result.dtype == dtype
+    expected = SumAndMatmul()(x, w)
+    torch.testing.assert_close(result.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    sums = [n for n in program.graph.nodes if n.target == torch.ops.aten.sum.dim_IntList]
+    assert [n.meta["val"].dtype for n in sums] == [torch.float32]

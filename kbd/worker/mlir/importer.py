@@ -11,7 +11,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch_mlir import fx, ir
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-from kbd.worker import decompositions, norms
+from kbd.worker import decompositions, low_precision, norms
 
 MUTATED_INPUTS = "kbd.mutated_inputs"  # module attribute: positions of inputs the entry writes
 
@@ -22,6 +22,12 @@ def import_model(model, args: Sequence) -> ir.Module:
     return import_program(torch.export.export(model, tuple(args), strict=False))
 
 
+def decomposition_table() -> dict:
+    """What import applies: torch-mlir's decompositions, kbd's (kbd.worker.decompositions and
+    kbd.worker.norms), and f32 accumulation for bf16 and f16 (kbd.worker.low_precision)."""
+    return low_precision.wrap({**get_decomposition_table(), **decompositions.TABLE, **norms.TABLE})
+
+
 def import_program(program: torch.export.ExportedProgram) -> ir.Module:
     """Import an exported program with kbd's decompositions.
 
@@ -30,8 +36,7 @@ def import_program(program: torch.export.ExportedProgram) -> ir.Module:
     positions of those inputs are kept in the module (see `mutated_inputs`), so they survive
     the import cache's text round trip.
     """
-    table = {**get_decomposition_table(), **decompositions.TABLE, **norms.TABLE}
-    program = program.run_decompositions(table)
+    program = program.run_decompositions(decomposition_table())
     signature = program.graph_signature
     user_inputs = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
     mutated = []
