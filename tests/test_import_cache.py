@@ -9,6 +9,7 @@ import msgspec
 
 from kbd.caches import import_cache
 from kbd.shared.protocol import ImportCache, Job, Limits
+from tests.conftest import ROOT
 
 MODULE = "module {\n  func.func @main() {\n    return\n  }\n}\n"
 
@@ -85,3 +86,18 @@ def test_least_recently_used_entries_are_evicted(tmp_path):
 
 # Real runs that hit, rebuild and bypass the import cache: tests/test_compile_cache.py (one
 # sequence of runs for both caches).
+
+
+def test_the_key_covers_every_module_the_import_applies():
+    """What kbd.worker.mlir.importer imports of kbd's shapes every imported module: a change
+    there must change every key, or the cache serves modules of the old code."""
+    import ast
+
+    from kbd.caches.import_cache import _INGRESS_CODE
+
+    importer = ROOT / "kbd" / "worker" / "mlir" / "importer.py"
+    used = set()
+    for node in ast.walk(ast.parse(importer.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "kbd.worker":
+            used |= {f"worker/{alias.name}.py" for alias in node.names}
+    assert used and used <= set(_INGRESS_CODE)

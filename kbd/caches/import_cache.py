@@ -36,6 +36,7 @@ _INGRESS_CODE = (
     "worker/ingress.py",
     "worker/decompositions.py",
     "worker/norms.py",
+    "worker/low_precision.py",
     "worker/mlir/__init__.py",  # the whole package, as when it was one module
     "worker/mlir/importer.py",
     "worker/mlir/convention.py",
