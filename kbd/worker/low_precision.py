@@ -7,8 +7,9 @@ of mantissa for the whole run and ends far from eager. Each op in `ACCUMULATING`
 a decomposition that widens its bf16 or f16 tensor arguments to f32, applies the op (with kbd's
 and torch-mlir's decompositions for f32), and rounds its floating results back to the type it
 was given: the graph computes those ops as eager does, and a low-precision schedule can match
-the `extf`, f32 op, `truncf` pattern. Element-wise ops are left in the low type: LLVM promotes
-each to f32 and rounds after it, as eager does.
+the `extf`, f32 op, `truncf` pattern. So do activations that torch-mlir decomposes into chains
+(sigmoid, GELU, ...), which eager computes in f32 and rounds once. Single element-wise ops are
+left in the low type: LLVM promotes each to f32 and rounds after it, as eager does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ ACCUMULATING = (
     aten.prod.default,
     aten.prod.dim_int,
     aten.logsumexp.default,
+    aten.linalg_vector_norm.default,
+    aten.norm.ScalarOpt_dim,
+    aten.norm.Scalar,
     aten.cumsum.default,
     aten.cumprod.default,
     aten.mm.default,
@@ -49,6 +53,20 @@ ACCUMULATING = (
     aten.instance_norm.default,
     aten._native_batch_norm_legit_no_training.default,
     aten.nll_loss_forward.default,
+    # Activations eager computes in f32 and rounds once, which torch-mlir decomposes into
+    # chains of ops that would each round (sigmoid: neg, exp, add, div).
+    aten.sigmoid.default,
+    aten.tanh.default,
+    aten.gelu.default,
+    aten.silu.default,
+    aten.mish.default,
+    aten.softplus.default,
+    aten.elu.default,
+    aten.selu.default,
+    aten.log_sigmoid_forward.default,
+    aten.hardsigmoid.default,
+    aten.hardswish.default,
+    aten.erf.default,
 )
 
 
