@@ -321,6 +321,27 @@ def test_the_finder_prefers_the_widest_and_newest_host_feature(tmp_path, flags, 
     assert target.ranked(flags.split()) == [f for f in target.RANKING if f in flags.split()]
 
 
+def test_the_finder_looks_for_the_dtype_in_bf16_feature_folders_first_then_the_arch(tmp_path):
+    """A bf16 kernel on a CPU with avx512_bf16: schedules/x86_64/avx512_bf16/<family>/bf16.yaml,
+    then the wider feature folders' bf16.yaml, then the architecture's; never an f32 schedule;
+    none at all is the scalar pipeline's case (None)."""
+    bf16_native = write(tmp_path / "x86_64" / "avx512_bf16" / "matmul" / "bf16.yaml", "")
+    bf16_plain = write(tmp_path / "x86_64" / "matmul" / "bf16.yaml", "")
+    write(tmp_path / "x86_64" / "avx512f" / "matmul" / "f32.yaml", "")
+    write(tmp_path / "x86_64" / "avx512f" / "softmax" / "f32.yaml", "")
+    features = target.ranked(["avx2", "avx512f", "avx512_bf16"])
+    assert features == ["avx512_bf16", "avx512f", "avx2"]
+
+    def find(name: str, dtype: str, features=features):
+        return find_pipeline(name, dtype, schedules_dir=tmp_path, arch="x86_64", features=features)
+
+    assert find("matmul", "bf16") == bf16_native
+    assert find("matmul", "bf16", features=["avx512f", "avx2"]) == bf16_plain  # an older CPU
+    assert find("matmul", "f32") == tmp_path / "x86_64" / "avx512f" / "matmul" / "f32.yaml"
+    assert find("softmax", "bf16") is None
+    assert find("softmax", "f16") is None
+
+
 def test_every_feature_with_llvm_features_is_ranked():
     assert set(target.LLVM_FEATURES) <= set(target.RANKING)
 

@@ -15,20 +15,16 @@ from collections.abc import Iterable
 # Feature directories the finder picks by itself, best first; after them comes the
 # architecture's generic schedule (schedules/<arch>/<family>/). A feature directory not ranked
 # here is only used when named with --feature.
-RANKING: tuple[str, ...] = ("amx_bf16", "avx512f", "avx2")
+# bf16 feature directories come first: they only hold bf16 schedules (a family's f32.yaml is
+# still found under avx512f), and a CPU with them runs bf16 dot products natively.
+RANKING: tuple[str, ...] = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
+_AVX512 = ("+avx", "+avx2", "+fma", "+f16c", "+avx512f", "+avx512vl", "+avx512bw", "+avx512dq")
 LLVM_FEATURES: dict[str, tuple[str, ...]] = {
     "avx2": ("+avx", "+avx2", "+fma", "+f16c"),
-    "avx512f": (
-        "+avx",
-        "+avx2",
-        "+fma",
-        "+f16c",
-        "+avx512f",
-        "+avx512vl",
-        "+avx512bw",
-        "+avx512dq",
-    ),
+    "avx512f": _AVX512,
+    "avx512_bf16": (*_AVX512, "+avx512bf16"),
+    "amx_bf16": (*_AVX512, "+avx512bf16", "+amx-tile", "+amx-bf16"),
 }
 
 
