@@ -14,7 +14,7 @@ from pathlib import Path
 from kbd import __version__
 from kbd.bench.compare import THRESHOLD
 from kbd.levels import cli as levels_cli
-from kbd.plan import spec
+from kbd.plan import spec, target
 from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, DEFAULT_DB, Invocation
 from kbd.plan.spec import SweepSpec
 from kbd.shared.errors import InputError
@@ -89,7 +89,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="CPU feature whose schedules the finder tries, schedules/ARCH/NAME/FAMILY/DTYPE.yaml, "
         "in the order given (repeatable; default: this machine's features ranked widest and "
-        "newest first: amx_bf16, avx512f, avx2; then schedules/ARCH/FAMILY/DTYPE.yaml). Code "
+        "newest first: " + ", ".join(target.RANKING) + "; then "
+        "schedules/ARCH/FAMILY/DTYPE.yaml). Code "
         "for features the CPU lacks dies with SIGILL",
     )
     comp.add_argument(
