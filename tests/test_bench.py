@@ -548,6 +548,16 @@ def test_html_report_parses_holds_the_data_and_needs_no_network():
     assert "&lt;x&gt;" in page  # the title is escaped
 
 
+def test_html_report_names_the_element_type_of_a_low_precision_record():
+    bf16 = msgspec.structs.replace(_record("level1/a", speedup=2.0), dtype="bf16")
+    page = report.render([bf16, _record("level1/b", speedup=1.0)], "t")
+    parser = _Page()
+    parser.feed(page)
+    kernels = {k["kernel"]: k for k in json.loads(parser.data_script)["kernels"]}
+    assert kernels["level1/a"]["dtype"] == "bf16" and "dtype" not in kernels["level1/b"]
+    assert ">import bf16<" in page
+
+
 class _Tables(HTMLParser):
     """Every table's rows as lists of (text, attributes) cells."""
 

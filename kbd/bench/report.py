@@ -91,6 +91,8 @@ def has_inductor(records: Sequence[Record]) -> bool:
 
 def _row(r: Record) -> dict:
     row: dict = {"kernel": r.kernel, "mode": r.mode, "outcome": r.outcome}
+    if r.dtype != "f32":  # pages of f32 sweeps stay as they were
+        row["dtype"] = r.dtype
     if r.bench is not None:
         b = r.bench
         row.update(
@@ -356,7 +358,7 @@ def _kernel_table(rows: Sequence[dict], inductor: bool = False) -> str:
     for row in rows:
         cells = [
             _cell(row["kernel"], row["kernel"]),
-            _cell(row["mode"], row["mode"]),
+            _cell(" ".join(filter(None, [row["mode"], row.get("dtype")])), row["mode"]),
             _cell(row["outcome"], row["outcome"], css=row["outcome"]),
         ]
         if "speedup" in row:
