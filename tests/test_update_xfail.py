@@ -101,3 +101,28 @@ def test_only_expected_failures_exit_zero(tmp_path):
     result = kbd("run", "--kernelbench", str(FIXTURE_KB), "--levels", str(levels), cwd=tmp_path)
     assert result.returncode == 0, result.stdout
     assert "1 xfail" in result.stdout
+
+
+def test_a_sweep_in_another_element_type_writes_and_rewrites_only_its_own(tmp_path):
+    """A bf16 failure is expected in bf16 only (`dtype: bf16`); a bf16 sweep leaves an xfail
+    without dtype (f32's evidence) alone, and an f32 sweep leaves a bf16 one alone."""
+    levels = tmp_path / "levels.yaml"
+    levels.write_text(LEVELS)
+    db = tmp_path / "results.db"
+    _sweep(db, [
+        Record(kernel="level1/1_matmul", dtype="bf16", outcome="mismatch", phase="check",
+               message="max abs error 9"),
+        Record(kernel="level9/2_raise", dtype="bf16", outcome="pass", phase="check"),
+    ])  # fmt: skip
+    assert update_xfail("--db", str(db), "--levels", str(levels)) == 0
+    entries = {e.kernel: e for e in catalog.load_file(levels)}
+    matmul = entries["level1/1_matmul.py"]
+    assert matmul.xfail == Expectation("mismatch", "check", "max abs error 9", dtype="bf16")
+    assert matmul.expectation is None  # the entry runs in f32: not expected there
+    assert catalog.with_dtype(matmul, "bf16").expectation == matmul.xfail
+    assert entries["level9/2_raise.py"].xfail == Expectation("crash", "load")  # f32's: kept
+    _sweep(db, [Record(kernel="level1/1_matmul", outcome="pass", phase="check")])
+    assert update_xfail("--db", str(db), "--levels", str(levels)) == 0
+    assert {e.kernel: e for e in catalog.load_file(levels)}["level1/1_matmul.py"].xfail == (
+        matmul.xfail
+    )

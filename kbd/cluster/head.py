@@ -287,7 +287,7 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
     message = (
         f"node agent died {count} times while running it (last on {node.info.node}); not retried"
     )
-    outcome, note = expect("crash", phase, message, plan.entry.xfail)
+    outcome, note = expect("crash", phase, message, plan.entry.expectation)
     return Record(
         kernel=plan.entry.name,
         mode=plan.job.mode,
@@ -295,7 +295,7 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
         phase=phase,
         message=f"{message} [{note}]" if note else message,
         wall_s=wall,
-        expected=str(plan.entry.xfail) if plan.entry.xfail else None,
+        expected=str(plan.entry.expectation) if plan.entry.expectation else None,
         warning=plan.entry.warning,
         node=node.info.node,
         pipeline=plan.job.pipeline,

@@ -365,7 +365,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
     outcome, phase, sig, message = classify(state.result, death)
     if outcome == "memory" and state.result is not None and job.limits.mem_limit:
         message = f"{message} (limit {format_size(job.limits.mem_limit)})"
-    final, note = expect(outcome, phase, message, entry.xfail)
+    final, note = expect(outcome, phase, message, entry.expectation)
     result = state.result
     limits = _limits(job, timeout)
     if result is not None:
@@ -389,7 +389,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         max_rel_error=result.max_rel_error if result else None,
         times=dict(result.times) if result else {},
         limits=limits,
-        expected=str(entry.xfail) if entry.xfail else None,
+        expected=str(entry.expectation) if entry.expectation else None,
         warning=entry.warning,
         log=str(log_path),
         import_cache=_cache_use(job, state),

@@ -308,7 +308,7 @@ def skipped(plan: Planned, reason: str) -> Record:
         outcome="skipped",
         phase="schedule",
         message=message,
-        expected=str(plan.entry.xfail) if plan.entry.xfail else None,
+        expected=str(plan.entry.expectation) if plan.entry.expectation else None,
         warning=plan.entry.warning,
     )
 

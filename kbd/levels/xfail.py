@@ -3,7 +3,9 @@
 For every kernel of the sweep (default: the latest), by the outcome table
 (`kbd/shared/outcomes.py`):
 - an expectable failure (mismatch, error, crash, timeout, memory) gets
-  `xfail: {outcome, phase, message}`, message being the first line of the kernel's message; it is
+  `xfail: {outcome, phase, message}`, message being the first line of the kernel's message
+  (with `dtype` when the sweep ran in another element type than f32, so that the expectation
+  holds for that type only; an existing xfail of another type is left alone); it is
   left out where the table says the message is no stable fingerprint (memory, timeout);
 - a correct result (`pass`, `xpass`) loses the key: the kernel works now;
 - any other outcome (`xfail`, `skipped`) and kernels not in the sweep are left alone.
@@ -36,6 +38,8 @@ def expectation(record: Record) -> dict | None:
     value = {"outcome": record.outcome, "phase": record.phase}
     if first and code.fingerprint_message:
         value["message"] = first
+    if record.dtype != "f32":  # evidence from a sweep in another element type holds for it only
+        value["dtype"] = record.dtype
     return value
 
 
@@ -73,19 +77,31 @@ def rewrite(text: str, decided: dict[str, dict | None]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _same_dtype(entry: catalog.Entry | None, dtype: str) -> bool:
+    """May a sweep in element type `dtype` replace or drop this entry's xfail? Only one written
+    for that type (an xfail without `dtype` is f32's)."""
+    if entry is None or entry.xfail is None:
+        return True
+    return (entry.xfail.dtype or "f32") == dtype
+
+
 def run(args: Namespace) -> int:
     path = Path(args.db)
     if not path.exists():
         raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
     store = Store(path)
     sweep = store.sweep(args.sweep)
-    decided = decisions(store.records(sweep.id))
+    records = store.records(sweep.id)
+    decided = decisions(records)
+    records_dtype = records[0].dtype if records else "f32"
     files = [Path(f) for f in args.levels] or catalog.default_levels_files()
     texts = {file: catalog.read_levels_text(file) for file in files}
     updates = {}
     for file, text in texts.items():  # every file valid before and after, before any is written
-        catalog.load_text(text, file)
-        new = rewrite(text, decided)
+        entries = catalog.load_text(text, file)
+        mine = {e.kernel: e for e in entries}
+        kept = {k: v for k, v in decided.items() if _same_dtype(mine.get(k), records_dtype)}
+        new = rewrite(text, kept)
         if new != text:
             catalog.load_text(new, file)
             updates[file] = new

@@ -33,6 +33,7 @@ class Expectation(msgspec.Struct, frozen=True):
     outcome: str
     phase: str | None = None
     message: str | None = None
+    dtype: str | None = None  # expected only when the kernel runs in this element type
 
     def matches(self, outcome: str, phase: str, message: str) -> bool:
         """Same outcome, same phase (if given) and, where the outcome table says the message is
@@ -71,6 +72,13 @@ class Entry(msgspec.Struct, frozen=True):
     @property
     def name(self) -> str:
         return self.kernel.removesuffix(".py")
+
+    @property
+    def expectation(self) -> Expectation | None:
+        """The entry's expected failure when it applies to the element type it runs in."""
+        if self.xfail is None or self.xfail.dtype not in (None, self.dtype):
+            return None
+        return self.xfail
 
     @property
     def schedule_family(self) -> str | None:
@@ -342,4 +350,11 @@ def _xfail(value: Any, where: str) -> Expectation | None:
         outcome=value["outcome"],
         phase=None if value.get("phase") is None else str(value["phase"]),
         message=None if value.get("message") is None else str(value["message"]),
+        dtype=_xfail_dtype(value.get("dtype"), where),
     )
+
+
+def _xfail_dtype(value: Any, where: str) -> str | None:
+    if value is not None and value not in DTYPE_BYTES:
+        raise InputError(f"{where}: xfail dtype {value!r} is not an element type")
+    return value

@@ -39,7 +39,7 @@ FIELDS = (
 # `family`, `dtype`, `warning`, `xfail`). `xfail` stays last: update-xfail appends it.
 GENERATED = ("input_shapes", "initializations", "output_shape", "init_args", "gflops", "family")
 HAND_SET = tuple(f for f in FIELDS if f != "kernel" and f not in GENERATED)
-XFAIL_FIELDS = ("outcome", "phase", "message")
+XFAIL_FIELDS = ("outcome", "phase", "message", "dtype")
 # overrides.yaml may set these; `reason` is written as a comment above the entry.
 OVERRIDE_FIELDS = (*GENERATED, "pipeline", "dtype", "reason")
 
