@@ -15,6 +15,7 @@ Its modules, one line each:
 - `state`: model state and randomness in `forward` made explicit, for both modes
 - `decompositions`: decompositions applied at import (cumsum and cumprod; sums in blocks)
 - `norms`: decompositions of the norms into f32 reductions, applied at import
+- `low_precision`: bf16 and f16 reductions, products and norms accumulate in f32 at import
 - `cached_import`: the import step with the import cache (the supervisor's module, or afresh)
 - `mlir`: all MLIR access (a package: import, calling convention, rewrites, stages, execution)
 - `stages`: a kernel's pipeline stages run so they can be seen and reproduced (bundles, replay)
