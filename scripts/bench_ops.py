@@ -30,8 +30,6 @@ OPS_LEVELS = OPS_ROOT / "levels.yaml"
 sys.path.insert(0, str(ROOT))
 
 from kbd.bench.summary import geomean  # noqa: E402
-from kbd.plan import catalog, pipelines  # noqa: E402  (after the path set-up above)
-from kbd.plan.spec import SweepSpec  # noqa: E402
 from kbd.results.stats import format_ns  # noqa: E402
 
 
@@ -42,13 +40,6 @@ def cpu_model() -> str:
         fields.setdefault(key.strip(), value.strip())
     name = fields.get("model name") or platform.processor() or "unknown CPU"
     return f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
-
-
-def pipeline_of(entry: catalog.Entry, override: list[str]) -> str:
-    """What the op is compiled with, as kbd chooses it (kbd.plan.pipelines)."""
-    if override:
-        return " + ".join(override)
-    return pipelines.choose(entry, SweepSpec(), ROOT / "schedules").name
 
 
 def main() -> int:
@@ -101,7 +92,6 @@ def main() -> int:
         *extra,
         *selection,
     ]
-    entries = {e.name: e for e in catalog.load([OPS_LEVELS])}
     print(f"CPU: {cpu_model()}; cores {','.join(map(str, cores))}", flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -116,7 +106,7 @@ def main() -> int:
     print(header)
     for r in records:
         name = r["kernel"].split("/", 1)[1]
-        pipeline = pipeline_of(entries[r["kernel"]], options.pipeline)
+        pipeline = r["pipeline"]  # as the record says it ran (kbd.plan.pipelines)
         b = r["bench"]
         if b is None:
             print(f"{name:<22}{r['outcome']} in {r['phase']}: {r['message'][:80]}  ({pipeline})")
