@@ -26,6 +26,7 @@ from pathlib import Path
 from bench_overhead import make_kernels
 
 from kbd.cluster.localcluster import LocalCluster
+from kbd.plan.target import cpu_model
 
 
 def sweep(address: str, kb: Path, levels: Path, workdir: Path) -> tuple[float, float, int]:
@@ -46,13 +47,6 @@ def sweep(address: str, kb: Path, levels: Path, workdir: Path) -> tuple[float, f
         ).fetchall()
     span = max(end for _, end, _ in rows) - min(begin for begin, _, _ in rows)
     return wall, span, len({node for _, _, node in rows})
-
-
-def cpu_model() -> str:
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -30,16 +29,8 @@ OPS_LEVELS = OPS_ROOT / "levels.yaml"
 sys.path.insert(0, str(ROOT))
 
 from kbd.bench.summary import geomean  # noqa: E402
+from kbd.plan.target import cpu_model  # noqa: E402
 from kbd.results.stats import format_ns  # noqa: E402
-
-
-def cpu_model() -> str:
-    fields: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or "unknown CPU"
-    return f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
 def main() -> int:

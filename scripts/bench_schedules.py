@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from kbd.plan import descriptor, target
+from kbd.plan.target import cpu_model
 from kbd.worker import ingress, mlir, runtime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,16 +67,6 @@ CASES = {
     "chain": Case("element_wise", _Chain, ((4096, 4096),), 5 * 4096 * 4096),
     "softmax": Case("softmax", _Softmax, ((4096, 1024),), 5 * 4096 * 1024),
 }
-
-
-def cpu_model() -> str:
-    """`lscpu`'s model name plus family and model numbers (a VM may hide the marketing name)."""
-    fields = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or "unknown CPU"
-    return f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
 def compile_case(case: Case, args: list[torch.Tensor], specs: list[str]):

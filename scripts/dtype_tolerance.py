@@ -36,7 +36,6 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
-import platform
 import resource
 import signal
 import sys
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kbd.plan import catalog  # noqa: E402  (after the path set-up above)
+from kbd.plan.target import cpu_model  # noqa: E402
 from kbd.worker import check, ingress, state  # noqa: E402
 
 DTYPES = ("bf16", "f16")
@@ -62,22 +62,16 @@ FIGURES = (
 )
 
 
-def cpu_model() -> str:
-    """The CPU's name, family and model, and the extensions that decide low-precision eager."""
-    fields: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or "unknown CPU"
-    flags = fields.get("flags", "").split()
-    vector = next((f for f in ("avx512f", "avx2", "sse4_2") if f in flags), "no avx")
-    low = [f for f in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c") if f in flags]
-    return (
-        f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, "
-        f"{' '.join([vector, *low])})"
-    )
-
-
+# The CPU extensions that decide how eager computes in low precision, named with the CPU.
+LOW_PRECISION_FLAGS = (
+    "avx512f",
+    "avx2",
+    "avx512_bf16",
+    "amx_bf16",
+    "avx512_fp16",
+    "amx_fp16",
+    "f16c",
+)
 # ---------------------------------------------------------------- the child: one kernel, one dtype
 
 
@@ -397,8 +391,8 @@ def main() -> int:
     out_path = Path(options.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     print(
-        f"CPU: {cpu_model()}; {len(entries)} kernels, {', '.join(dtypes)}; -j {options.j}, "
-        f"one thread each, nice {os.nice(0)}",
+        f"CPU: {cpu_model(LOW_PRECISION_FLAGS)}; {len(entries)} kernels, {', '.join(dtypes)}; "
+        f"-j {options.j}, one thread each, nice {os.nice(0)}",
         flush=True,
     )
     start = time.monotonic()

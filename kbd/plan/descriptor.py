@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from kbd.plan import target
 from kbd.shared.errors import InputError
 from kbd.shared.protocol import Stage
 
@@ -63,15 +64,8 @@ def find_pipeline(
 
 def host_target() -> tuple[str, list[str]]:
     """This machine's architecture and CPU feature flags (from /proc/cpuinfo)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return platform.machine(), value.split()
-    return platform.machine(), []
+    fields = target.cpuinfo()
+    return platform.machine(), (fields.get("flags") or fields.get("Features") or "").split()
 
 
 # --- command-line specs ---------------------------------------------------------------------

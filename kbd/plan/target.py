@@ -10,7 +10,9 @@ not can still be compiled (and written out as an object), though not run.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable
+from pathlib import Path
 
 # Feature directories the finder picks by itself, best first; after them comes the
 # architecture's generic schedule (schedules/<arch>/<family>/). A feature directory not ranked
@@ -32,3 +34,28 @@ def ranked(flags: Iterable[str]) -> list[str]:
     """The ranked features among a CPU's flags, best first (see RANKING)."""
     present = set(flags)
     return [feature for feature in RANKING if feature in present]
+
+
+def cpu_model(flags: Iterable[str] = ()) -> str:
+    """The CPU to name next to a figure: /proc/cpuinfo's model name with its family and model
+    numbers (a VM may hide the marketing name), and those of `flags` the CPU has, e.g.
+    'AMD EPYC (family 26 model 2, avx512f avx512_bf16)'."""
+    fields = cpuinfo()
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    present = set(fields.get("flags", "").split())
+    shown = [flag for flag in flags if flag in present]
+    numbers = f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+    return f"{name} ({numbers}{', ' + ' '.join(shown) if shown else ''})"
+
+
+def cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo's fields for the first CPU (empty where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
