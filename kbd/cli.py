@@ -336,8 +336,15 @@ def _db_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (the usage itself is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kbd",
         description=DESCRIPTION,
         epilog=EPILOG,

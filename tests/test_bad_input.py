@@ -3,8 +3,8 @@
 Each case runs `python -m kbd` as a user would, in a fresh folder, and must fail while checking
 its input: before any worker template starts (no `template.log` appears) and before anything is
 stored (a results database there keeps exactly the sweep it had). kbd's own errors are one line,
-`kbd: error: ...`, naming the file, option, sweep or kernel; argparse's are its usage and one
-`kbd CMD: error: ...` line. Never a traceback.
+`kbd: error: ...`, naming the file, option, sweep or kernel; the command line's are one
+`kbd CMD: error: ... (see `kbd CMD --help`)` line. Never a traceback.
 
 Paths that cannot be written lie under a regular file (`{tmp}/afile/...`): tests may run as
 root, for whom a path such as /nonexistent/dir/x.xml is simply created.
@@ -182,15 +182,12 @@ def _stored(db: Path) -> list[tuple] | None:
 
 
 def _error_line(stderr: str) -> str:
-    """The one error line of stderr: kbd's own, or argparse's after its usage."""
+    """The one line of stderr: kbd's own error, or the command line's (`kbd CMD: error: ...`,
+    pointing to --help instead of printing the usage)."""
     lines = stderr.splitlines()
-    assert lines, "nothing on stderr"
-    if lines[0].startswith("usage: "):
-        assert ARGPARSE_ERROR.match(lines[-1]), stderr
-        assert sum(": error:" in line for line in lines) == 1, stderr
-        return lines[-1]
     assert len(lines) == 1, stderr
-    assert lines[0].startswith("kbd: error: ") and lines[0].strip() != "kbd: error:", stderr
+    assert ARGPARSE_ERROR.match(lines[0]), stderr
+    assert lines[0].split(": error:", 1)[1].strip(), stderr
     return lines[0]
 
 
