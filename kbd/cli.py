@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 
 from kbd import __version__
-from kbd.bench.compare import THRESHOLD
 from kbd.levels import cli as levels_cli
 from kbd.plan import spec, target
-from kbd.plan.invocation import DAEMON_IDLE_TIMEOUT_S, DEFAULT_DB, Invocation
+from kbd.plan.invocation import (
+    COMPARE_THRESHOLD,
+    DAEMON_IDLE_TIMEOUT_S,
+    DEFAULT_DB,
+    Invocation,
+)
 from kbd.plan.spec import SweepSpec
 from kbd.shared.errors import InputError
 from kbd.shared.protocol import BenchOptions
@@ -457,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--threshold",
         type=float,
-        default=THRESHOLD,
+        default=COMPARE_THRESHOLD,
         metavar="FRACTION",
         help="a change is significant when its 95%% interval excludes 1 and it is at least "
         "this large (default %(default)s)",

@@ -26,14 +26,13 @@ from pathlib import Path
 
 import msgspec
 
+from kbd.plan.invocation import COMPARE_THRESHOLD
 from kbd.results.record import Record
 from kbd.results.store import Store
 from kbd.shared.errors import InputError
 from kbd.shared.outcomes import CORRECT
 
 Z95 = 1.959964
-# A difference is significant only when at least this large (--threshold's default): see above.
-THRESHOLD = 0.05
 
 
 class KernelComparison(msgspec.Struct, frozen=True):
@@ -65,7 +64,7 @@ class KernelComparison(msgspec.Struct, frozen=True):
 
 
 def compare(
-    a: Sequence[Record], b: Sequence[Record], threshold: float = THRESHOLD
+    a: Sequence[Record], b: Sequence[Record], threshold: float = COMPARE_THRESHOLD
 ) -> list[KernelComparison]:
     """One row per kernel in either sweep, in A's order then B's new kernels.
 

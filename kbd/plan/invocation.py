@@ -18,6 +18,8 @@ import msgspec
 DEFAULT_DB = ".kbd/results.db"
 # A daemon exits after this long without clients or work; `kbd run` starts it with this too.
 DAEMON_IDLE_TIMEOUT_S = 1800.0
+# `kbd compare --threshold`: the least change that can be significant (kbd/bench/compare.py).
+COMPARE_THRESHOLD = 0.05
 
 
 class Invocation(msgspec.Struct, frozen=True, kw_only=True):

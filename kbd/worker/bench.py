@@ -78,9 +78,14 @@ def inductor(model: torch.nn.Module, args: list) -> Baseline:
         with torch.no_grad():
             compiled(*args)
     except Exception as exc:  # any failure of Inductor's is the baseline's result
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return Baseline(None, error=f"{type(exc).__name__}: {first}"[:300])
+        return Baseline(None, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
     return Baseline(python_loop(compiled, args), compile_s=time.perf_counter() - start)
+
+
+def first_line(error: BaseException | str) -> str:
+    """The first non-empty line of an error's text ("" when it has none): records keep one line."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def measure(

@@ -353,9 +353,8 @@ def _family_pipeline(job: Job, model, args, send) -> Job:
     except MemoryError:
         raise
     except Exception as exc:
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
-        note = f"no family found at run time: the graph did not export ({type(exc).__name__}"
-        send(PipelineChosen(f"{job.pipeline} ({note}{': ' + reason if reason else ''}))"))
+        note = f"no family found at run time: the graph did not export ({_first_line(exc)[:160]})"
+        send(PipelineChosen(f"{job.pipeline} ({note})"))
         return job
     chosen = job.families.get(family) if family else None
     if chosen is None:
@@ -371,11 +370,10 @@ LOW_PRECISION = ("bf16", "f16")
 
 def _skipped(job: Job, step: _Step, limits_enforced: dict[str, str], why: str) -> Result:
     """A kernel that cannot run in its low-precision element type: skipped, saying why."""
-    first = why.strip().splitlines()[0] if why.strip() else why
     return Result(
         outcome="skipped",
         phase=step.phase,
-        message=f"not run in {job.dtype}: {first}",
+        message=f"not run in {job.dtype}: {bench.first_line(why)}",
         times=step.times,
         limits_enforced=limits_enforced,
     )
