@@ -369,7 +369,7 @@ LLVM_LOWERING = [
     "lower-affine",
     "convert-scf-to-cf",
     "finalize-memref-to-llvm",
-    "convert-vector-to-llvm",
+    "convert-vector-to-llvm{enable-x86=true}",
     "convert-math-to-llvm",
     "convert-math-to-libm",
     "convert-to-llvm",

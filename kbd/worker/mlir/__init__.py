@@ -9,15 +9,18 @@ One module per job; a module imports only those listed before it:
   module as text or bytecode and back
 - `convention`: the calling convention of compiled code (results as out-params, C interface)
   and the timing loops around `@main`
+- `walk`: finding ops in a module, for the rewrites
 - `rewrites`: kbd's own IR rewrites, the `pass: kbd-...` stages
-- `apply`: applying one pipeline stage (pass pipeline, transform script or rewrite),
-  diagnostics as StageError, IR printing
+- `bf16_dot`: the rewrites of the bf16 product schedules (avx512_bf16's dot products)
+- `apply`: applying one pipeline stage (pass pipeline, transform script or rewrite; the
+  `REWRITES` table), diagnostics as StageError, IR printing
 - `execution`: running compiled code through ctypes (JIT or shared library)
 
 Callers use the names re-exported here: `from kbd.worker import mlir`, then `mlir.Compiled`.
 """
 
 from kbd.worker.mlir.apply import (
+    REWRITES,
     TRANSFORM_ENTRY,
     StageError,
     apply_stage,
@@ -50,7 +53,6 @@ from kbd.worker.mlir.importer import (
     parse_module,
 )
 from kbd.worker.mlir.rewrites import (
-    REWRITES,
     deallocs_after_last_use,
     fold_transpose_into_matmul,
     hoist_allocas,

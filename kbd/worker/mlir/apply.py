@@ -13,10 +13,23 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects.transform import interpreter
 
 from kbd.shared.protocol import Stage
+from kbd.worker.mlir import bf16_dot, rewrites
 from kbd.worker.mlir.importer import module_text
-from kbd.worker.mlir.rewrites import REWRITES
 
 TRANSFORM_ENTRY = "__transform_main"
+
+# kbd's own rewrites, by the name a `pass:` stage gives them (not MLIR passes).
+REWRITES = {
+    "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
+    "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
+    "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
+    "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,
+    "kbd-flatten-whole-tensor-transfers": rewrites.flatten_whole_tensor_transfers,
+    "kbd-polynomial-exp": rewrites.polynomial_exp,
+    "kbd-openmp-guided-schedule": rewrites.openmp_guided_schedule,
+    "kbd-dealloc-after-last-use": rewrites.deallocs_after_last_use,
+    "kbd-hoist-allocas": rewrites.hoist_allocas,
+}
 
 
 class StageError(Exception):

@@ -1,10 +1,13 @@
-"""kbd's own IR rewrites, each run as a `pass: kbd-...` stage (`REWRITES`, by stage name)."""
+"""kbd's own IR rewrites, each run as a `pass: kbd-...` stage (the table is
+`kbd.worker.mlir.apply.REWRITES`); the bf16 dot-product ones are in `bf16_dot`."""
 
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg
+from torch_mlir.dialects import arith, linalg, tensor, vector
 from torch_mlir.dialects import math as math_dialect
+
+from kbd.worker.mlir.walk import ops_named, producer
 
 # --- kbd's own rewrites, run as `pass: kbd-...` stages ---------------------------------------
 #
@@ -21,27 +24,13 @@ _EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.16657958
                    1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
 
 
-def _ops_named(module: ir.Module, name: str) -> list:
-    """Every op called `name` in the module, in walk order (collected first: the rewrites then
-    change or move them, which a walk in progress must not see)."""
-    found = []
-
-    def visit(op) -> ir.WalkResult:
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
-
-
 def polynomial_exp(module: ir.Module) -> int:
     """Replace each `math.exp` of an f32 vector by a polynomial in vector arithmetic (the
     `kbd-polynomial-exp` stage); returns how many were replaced."""
     with module.context, ir.Location.unknown():
         found = [
             op
-            for op in _ops_named(module, "math.exp")
+            for op in ops_named(module, "math.exp")
             if isinstance(op.operands[0].type, ir.VectorType)
             and isinstance(op.operands[0].type.element_type, ir.F32Type)
         ]
@@ -97,7 +86,7 @@ def openmp_guided_schedule(module: ir.Module) -> int:
     dynamic schedule would take them one by one."""
     with module.context:
         found = [
-            op for op in _ops_named(module, "omp.wsloop") if "schedule_kind" not in op.attributes
+            op for op in ops_named(module, "omp.wsloop") if "schedule_kind" not in op.attributes
         ]
         guided = ir.Attribute.parse("#omp<schedulekind guided>")
         for op in found:
@@ -161,7 +150,7 @@ def deallocs_after_last_use(module: ir.Module) -> int:
     of shifted adds) held 16 buffers of 512 MiB where two are live at a time. A buffer with an
     alias that may escape (see `_buffer_users`) keeps its dealloc where it is."""
     moved = 0
-    for dealloc in (op.operation for op in _ops_named(module, "memref.dealloc")):
+    for dealloc in (op.operation for op in ops_named(module, "memref.dealloc")):
         buffer = dealloc.operands[0]
         alloc = buffer.owner
         if not isinstance(alloc, ir.Operation | ir.OpView):
@@ -208,7 +197,7 @@ def hoist_allocas(module: ir.Module) -> int:
     grew by 576 bytes per step of the reduction loop, and level1/4's rows of 262144 (16384
     steps) overflowed it. The buffer is scratch within one iteration; one per function (or
     thread) does. An alloca with an alias that may escape (see `_buffer_users`) stays."""
-    allocas = [op.operation for op in _ops_named(module, "memref.alloca") if not list(op.operands)]
+    allocas = [op.operation for op in ops_named(module, "memref.alloca") if not list(op.operands)]
     moved = 0
     for alloca in allocas:
         scope, in_loop = alloca.parent, False
@@ -233,7 +222,7 @@ def hoist_allocas(module: ir.Module) -> int:
 # With many rows the product dominates, and the matmul schedule's micro-kernel wants B's rows
 # along N. (level2/37, 128 rows of 1024 times W of 4096 x 1024, at bench shapes: 1.41x eager
 # folded, 0.70x with the transposed copy.)
-_FOLD_TRANSPOSE_MAX_ROWS = 128
+FOLD_TRANSPOSE_MAX_ROWS = 128
 
 
 def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
@@ -245,7 +234,7 @@ def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
 
 
 def fold_transpose_into_matmul(module: ir.Module) -> int:
-    """Make each `linalg.matmul` of at most `_FOLD_TRANSPOSE_MAX_ROWS` (static) rows whose B is
+    """Make each `linalg.matmul` of at most `FOLD_TRANSPOSE_MAX_ROWS` (static) rows whose B is
     a `linalg.transpose` read the transpose's input through transposed indexing maps,
     `C[m, n] += A[m, k] * W[n, k]`, and erase the transpose once unused (the
     `kbd-fold-transpose-into-matmul` stage); returns how many matmuls changed.
@@ -257,10 +246,10 @@ def fold_transpose_into_matmul(module: ir.Module) -> int:
     changed = 0
     with module.context, ir.Location.unknown():
         plain = [ir.AffineMapAttr.get(m) for m in _matmul_maps((2, 1))]
-        for matmul in _ops_named(module, "linalg.matmul"):
+        for matmul in ops_named(module, "linalg.matmul"):
             matmul = matmul.operation
             a, b, c = matmul.operands
-            transpose = _producer(b)
+            transpose = producer(b)
             rows = ir.ShapedType(a.type).shape[0]
             if (
                 transpose is None
@@ -268,7 +257,7 @@ def fold_transpose_into_matmul(module: ir.Module) -> int:
                 or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 0]
                 or list(ir.ArrayAttr(matmul.attributes["indexing_maps"])) != plain
                 or ir.ShapedType.is_dynamic_size(rows)
-                or rows > _FOLD_TRANSPOSE_MAX_ROWS
+                or rows > FOLD_TRANSPOSE_MAX_ROWS
             ):
                 continue
             with ir.InsertionPoint(matmul), matmul.location:
@@ -279,23 +268,132 @@ def fold_transpose_into_matmul(module: ir.Module) -> int:
             matmul.erase()
             changed += 1
             if not list(transpose.result.uses):
-                init = _producer(transpose.operands[1])
+                init = producer(transpose.operands[1])
                 transpose.erase()
                 if init is not None and init.name == "tensor.empty" and not list(init.result.uses):
                     init.erase()
     return changed
 
 
-def _producer(value: ir.Value) -> ir.Operation | None:
-    """The op whose result `value` is (None for a block argument)."""
-    owner = value.owner
-    return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+def _whole_tensor_transfer(op) -> ir.RankedTensorType | None:
+    """The tensor type of a `vector.transfer_read` or `vector.transfer_write` (unmasked, at
+    zero indices) that moves a whole static tensor of rank 2 or more as a vector of the same
+    shape, or None."""
+    is_read = op.name == "vector.transfer_read"
+    tensor_operand, vector_value = (0, op.results[0]) if is_read else (1, op.operands[0])
+    shape = list(vector_value.type.shape)
+    indices = op.operands[tensor_operand + 1 : tensor_operand + 1 + len(shape)]
+    tensor_type = op.operands[tensor_operand].type
+    expected_operands = len(shape) + 2  # + source and padding, or value and destination
+    if (
+        len(shape) < 2
+        or not isinstance(tensor_type, ir.RankedTensorType)
+        or list(tensor_type.shape) != shape
+        or len(op.operands) != expected_operands
+        or not all(
+            producer(i) is not None
+            and producer(i).name == "arith.constant"
+            and ir.IntegerAttr(producer(i).attributes["value"]).value == 0
+            for i in indices
+        )
+        or not _contiguous(op.operands[tensor_operand])
+    ):
+        return None
+    return tensor_type
 
 
-REWRITES = {
-    "kbd-fold-transpose-into-matmul": fold_transpose_into_matmul,
-    "kbd-polynomial-exp": polynomial_exp,
-    "kbd-openmp-guided-schedule": openmp_guided_schedule,
-    "kbd-dealloc-after-last-use": deallocs_after_last_use,
-    "kbd-hoist-allocas": hoist_allocas,
-}
+def _contiguous(value: ir.Value) -> bool:
+    """Whether the static tensor `value` will be one contiguous run of memory once bufferized:
+    followed up through `tensor.extract_slice` ops (unit strides, same rank) and loop-carried
+    tensors to the tensor it is part of, its extents must be 1 up to its outermost larger one
+    and that tensor's whole extents after it (a 1 x 16 x 2 slice of 32 x 2 is; a 8 x 1 x 32
+    slice of 256 x 4 x 32 is not). Function arguments bufferize with identity layouts."""
+    sizes = list(value.type.shape)
+    while True:
+        op = producer(value)
+        if op is None:
+            if ir.BlockArgument(value).owner.owner.operation.name == "func.func":
+                break  # bufferized with an identity layout
+            value = _loop_init(value)
+            if value is None:
+                return False
+        elif op.name == "tensor.extract_slice":
+            source = op.operands[0]
+            strides = list(ir.DenseI64ArrayAttr(op.attributes["static_strides"]))
+            if len(source.type.shape) != len(sizes) or any(s != 1 for s in strides):
+                return False
+            value = source
+        else:
+            break
+    whole = list(value.type.shape)
+    if ir.ShapedType.is_dynamic_size(min(whole, default=0)) or any(
+        ir.ShapedType.is_dynamic_size(n) for n in whole
+    ):
+        return False
+    outer = next((d for d, n in enumerate(sizes) if n != 1), len(sizes))
+    return sizes[outer + 1 :] == whole[outer + 1 :]
+
+
+def _loop_init(value: ir.Value) -> ir.Value | None:
+    """The tensor an `scf.for` iteration argument or `scf.forall` shared output starts from,
+    or None for another block argument."""
+    argument = ir.BlockArgument(value)
+    loop = argument.owner.owner.operation
+    carried = len(loop.results)
+    first = len(argument.owner.arguments) - carried  # induction variables come first
+    if loop.name not in ("scf.for", "scf.forall") or argument.arg_number < first:
+        return None
+    return loop.operands[len(loop.operands) - carried + argument.arg_number - first]
+
+
+def flatten_whole_tensor_transfers(module: ir.Module) -> int:
+    """Make each whole-tensor `vector.transfer_read` and `vector.transfer_write` (see
+    `_whole_tensor_transfer`) a 1-d transfer of the collapsed tensor (the
+    `kbd-flatten-whole-tensor-transfers` stage); returns how many changed.
+
+    Lowered as they are, such transfers move their innermost dimension at a time: a 16 x 2
+    tile of bf16 pairs (matmul-bf16-dot.mlir's packed B) becomes 16 moves of 4 bytes. The
+    upstream flattening patterns apply to memrefs only, after kbd's schedules have run."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for name in ("vector.transfer_read", "vector.transfer_write"):
+            for op in ops_named(module, name):
+                op = op.operation
+                tensor_type = _whole_tensor_transfer(op)
+                if tensor_type is None:
+                    continue
+                shape = list(tensor_type.shape)
+                size = 1
+                for extent in shape:
+                    size *= extent
+                element = tensor_type.element_type
+                flat_tensor = ir.RankedTensorType.get([size], element)
+                reassociation = [list(range(len(shape)))]
+                identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(1))
+                with ir.InsertionPoint(op), op.location:
+                    if name == "vector.transfer_read":
+                        source, index, padding = op.operands[0], op.operands[1], op.operands[-1]
+                        flat = vector.transfer_read(
+                            ir.VectorType.get([size], element),
+                            tensor.collapse_shape(flat_tensor, source, reassociation),
+                            [index],
+                            identity,
+                            padding,
+                            in_bounds=[True],
+                        )
+                        new = vector.shape_cast(op.results[0].type, flat)
+                    else:
+                        value, dest, index = op.operands[0], op.operands[1], op.operands[2]
+                        written = vector.transfer_write(
+                            flat_tensor,
+                            vector.shape_cast(ir.VectorType.get([size], element), value),
+                            tensor.collapse_shape(flat_tensor, dest, reassociation),
+                            [index],
+                            identity,
+                            in_bounds=[True],
+                        )
+                        new = tensor.expand_shape(tensor_type, written, reassociation, [], shape)
+                op.results[0].replace_all_uses_with(new)
+                op.erase()
+                changed += 1
+    return changed
