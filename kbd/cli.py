@@ -20,7 +20,7 @@ from kbd.plan.invocation import (
     DEFAULT_DB,
     Invocation,
 )
-from kbd.plan.spec import SweepSpec
+from kbd.plan.spec import SweepSpec, TuneDefaults
 from kbd.shared.errors import InputError
 from kbd.shared.protocol import BenchOptions
 
@@ -28,6 +28,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Option defaults come from the types they fill; help strings show them with %(default)s.
 SPEC = SweepSpec()
 BENCH = BenchOptions()
+TUNE = TuneDefaults()
 BASELINES = ("eager", "inductor")
 
 DESCRIPTION = """\
@@ -48,6 +49,7 @@ examples:
   kbd replay .kbd/logs/run-*/level1__2_*.bundle   # rerun a failing pipeline stage
   kbd doctor --strict         # is every limit and containment enforced on this machine?
   kbd levels check            # validate every levels file
+  kbd tune --shapes bench level1/1_ --budget 40   # tune a kernel's schedule parameters
 """
 
 
@@ -104,6 +106,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "through the finder; the scalar pipeline when there is none for this CPU, and the "
         "record says so); scalar: the default scalar pipeline for every kernel (default: "
         "family, scalar with --smoke-test). A failing family schedule is that kernel's result",
+    )
+    comp.add_argument(
+        "--untuned",
+        action="store_true",
+        help="run family schedules with their default parameters, not the configuration "
+        "`kbd tune` adopted for the kernel (applied on an exact key match; the record's "
+        "pipeline names it, ending in '(tuned)')",
     )
     comp.add_argument(
         "--mode",
@@ -409,6 +418,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _db_option(sweep)
 
+    tune = sub.add_parser(
+        "tune",
+        help="search schedule parameters per kernel and adopt confirmed winners",
+        description="For each selected kernel whose family schedule declares a Tune space "
+        "(or the descriptor --pipeline names), measure configurations within --budget: the "
+        "whole space when it fits, else a search seeded with the default. Each candidate is a "
+        "sandboxed job (-j wide compile and check, timed alone against eager); every outcome "
+        "is stored and a failing configuration is never run again. The best is then timed "
+        "against the default with the full --benchmark protocol in fresh processes and adopted "
+        "only when its interval lies above the default's. `kbd run` and `kbd sweep` then apply "
+        "adopted configurations on an exact key match (kernel shapes, dtype, schedule text, "
+        "CPU, threads, torch-mlir); --untuned turns that off.",
+    )
+    _common(tune)
+    tune.set_defaults(smoke_test=False, cluster=None, shard=None, detach=False, benchmark=True)
+    tune.add_argument(
+        "--budget",
+        type=int,
+        default=TUNE.budget,
+        metavar="N",
+        help="configurations measured per kernel (default %(default)s)",
+    )
+    tune.add_argument(
+        "--search-time",
+        type=float,
+        default=TUNE.search_time_s,
+        metavar="SECONDS",
+        help="minimum time per side of each candidate while searching (default %(default)s); "
+        "confirmation uses --bench-time and --bench-processes",
+    )
+    tune.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="ID",
+        help="continue tuning session ID (default: the latest) with its options: no "
+        "configuration it measured is measured again",
+    )
+    tune.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write every adopted configuration of the results database as JSON Lines and exit",
+    )
+    tune.add_argument(
+        "--import",
+        dest="import_file",
+        metavar="FILE",
+        help="add the configurations of a JSON Lines file (--export's) to the database and exit",
+    )
+    _db_option(tune)
+
     attach = sub.add_parser(
         "attach",
         help="follow a sweep running in the daemon (Ctrl-C detaches)",
@@ -586,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
             from kbd.commands import run
 
             return run.run_or_sweep(invocation, _spec(args, invocation))
+        if args.command == "tune":
+            from kbd.commands import tune
+
+            return tune.main(args, invocation)
         if args.command == "replay":
             from kbd.commands import replay
 

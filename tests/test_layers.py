@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("caches",),  # content-addressed caches
     ("engine",),  # template, runner, scheduler, planning of jobs, what a run leaves behind
     ("views",),  # what a person sees: lines, summaries, JUnit, live progress
-    ("levels", "cluster", "daemon"),  # the features
+    ("levels", "cluster", "daemon", "tune"),  # the features
     ("commands",),  # one module per command
     ("",),  # kbd/*.py: the command line
 )

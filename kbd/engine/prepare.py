@@ -18,9 +18,11 @@ from kbd.caches import compile_cache, import_cache
 from kbd.engine import dumps, scheduler
 from kbd.engine.scheduler import Planned
 from kbd.engine.scratch import store_files
-from kbd.plan import catalog, descriptor, limits, pipelines, spec
+from kbd.plan import catalog, descriptor, limits, pipelines, spec, tuned
 from kbd.plan.catalog import Entry
+from kbd.plan.invocation import DEFAULT_DB
 from kbd.plan.spec import SweepSpec
+from kbd.results import tuning
 from kbd.results.record import label
 from kbd.results.store import Store, Sweep
 from kbd.shared import identity
@@ -88,7 +90,7 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
     compiled_dir = Path(options.cwd) / ".kbd" / compile_cache.DIRECTORY
     past = store.past() if store is not None else {}
     plans = []
-    chooser = pipelines.Chooser(options, SCHEDULES_DIR)
+    chooser = chooser_for(options, store)
     single = len(entries) * len(options.modes) == 1  # --print-to then names a file
     for entry, mode in ((e, m) for e in entries for m in options.modes):
         source = root / entry.kernel
@@ -134,6 +136,28 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
         expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
     return scheduler.order(plans)
+
+
+def chooser_for(options: SweepSpec, store: Store | None) -> pipelines.Chooser:
+    """The pipeline chooser of a plan, with the tuned configurations it applies."""
+    jobs = options.jobs or len(limits.usable_cores())
+    threads = scheduler.cores_per_worker(limits.usable_cores(), jobs)
+    configs = tuned.lookup(tuned_configurations(options, store)) if options.tuned else {}
+    return pipelines.Chooser(options, SCHEDULES_DIR, configs, threads)
+
+
+def tuned_configurations(options: SweepSpec, store: Store | None) -> list[tuned.Tuned]:
+    """The repository's reviewed tuned configurations (schedules/tuned.jsonl), then the results
+    store's (this store, or the default one in the working folder when it exists), which win."""
+    found = []
+    repository = SCHEDULES_DIR / tuned.REPOSITORY_FILE
+    if repository.is_file():
+        found += tuned.read_jsonl(repository)
+    if store is None and (Path(options.cwd) / DEFAULT_DB).is_file():
+        store = Store(Path(options.cwd) / DEFAULT_DB)
+    if store is not None:
+        found += tuning.TuningStore(store, create=False).all_tuned()
+    return found
 
 
 def _read_source(entry: Entry, path: Path) -> str:

@@ -10,6 +10,13 @@ A descriptor is a mapping with one key, `Pipeline`, holding a list of single-key
   every `$var` in the included file's entries is replaced by `value` (whole names only, so
   `$tile` never touches `$tile_size`). Variables are not inherited: re-export them explicitly.
 
+Two optional top-level keys make a descriptor tunable (kbd.plan.space reads the second):
+- `Vars: {name: value, ...}`: defaults of the `$name`s in its own entries; an include's
+  `{var=value}` or a command line's `file.yaml{var=value}` overrides them (a name the file does
+  not declare is an error, so a typo never goes unnoticed);
+- `Tune: {space: {name: domain, ...}, constraints: [expression, ...]}`: which of its Vars
+  `kbd tune` searches, and which combinations are valid.
+
 Include and transform paths are looked up next to the including file, then in the schedules
 directory. Pure Python: the supervisor expands pipelines without importing torch or MLIR.
 """
@@ -35,6 +42,7 @@ _VARIABLE_NAME = re.compile(r"\w+")
 _VARIABLE = re.compile(r"\$(\w+)")
 _OPEN, _CLOSE = "{[(", "}])"
 _BOOLEANS = ("true", "false")
+_TOP_LEVEL = ("Pipeline", "Vars", "Tune")
 
 
 def resolve_pipeline(specs: list[str], *, schedules_dir: Path, cwd: Path) -> list[Stage]:
@@ -83,8 +91,9 @@ def _resolve_spec(spec: str, schedules_dir: Path, cwd: Path) -> list[Stage]:
     if head.endswith(".mlir"):
         path = _find_spec_file(head, schedules_dir, cwd, where)
         return [_transform_stage(path, variables, spec, where)]
-    if text.endswith(".yaml"):
-        return _expand_file(_find_spec_file(text, schedules_dir, cwd, where), schedules_dir)
+    if head.endswith(".yaml"):
+        path = _find_spec_file(head, schedules_dir, cwd, where)
+        return _expand_file(path, schedules_dir, variables, overrides=True)
     if _PASS_NAME.fullmatch(text) and (schedules_dir / f"{text}.yaml").is_file():
         return _expand_file((schedules_dir / f"{text}.yaml").resolve(), schedules_dir)
     name = text.split("{", 1)[0].strip()
@@ -114,10 +123,21 @@ def _expand_file(
     schedules_dir: Path,
     variables: dict[str, str] | None = None,
     chain: tuple[Path, ...] = (),
+    *,
+    overrides: bool = False,
 ) -> list[Stage]:
-    """Flat stages of one descriptor file, with its include variables substituted."""
+    """Flat stages of one descriptor file, with its variables substituted: its own `Vars`
+    defaults, overridden by the includer's (or, `overrides`, the command line's) values."""
+    document = load(path)
+    defaults = {name: str(value) for name, value in document.get("Vars", {}).items()}
+    if overrides:
+        unknown = sorted(set(variables or {}) - set(defaults))
+        if unknown:
+            declared = ", ".join(sorted(defaults)) or "none"
+            raise InputError(f"{path}: no variable {unknown[0]!r} to set (its Vars: {declared})")
+    variables = {**defaults, **(variables or {})}
     stages: list[Stage] = []
-    for index, entry in enumerate(_load_entries(path)):
+    for index, entry in enumerate(document["Pipeline"]):
         where = f"{path}: Pipeline entry {index + 1}"
         key, value = _split_entry(entry, where)
         value = _substitute(value, variables or {}, where)
@@ -131,8 +151,9 @@ def _expand_file(
     return stages
 
 
-def _load_entries(path: Path) -> list:
-    """The `Pipeline` list of a descriptor file, checked for shape."""
+def load(path: Path) -> dict:
+    """A descriptor file as a mapping, checked for shape: `Pipeline` (a non-empty list),
+    `Vars` (a mapping of names to scalars) and `Tune` (left to kbd.plan.space)."""
     try:
         document = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -143,15 +164,24 @@ def _load_entries(path: Path) -> list:
         raise InputError(f"{path}: YAML syntax error{_yaml_location(exc)}") from None
     if not isinstance(document, dict) or "Pipeline" not in document:
         raise InputError(f"{path}: expected a mapping with a 'Pipeline' key")
-    extra = sorted(str(key) for key in document if key != "Pipeline")
+    extra = sorted(str(key) for key in document if key not in _TOP_LEVEL)
     if extra:
-        raise InputError(f"{path}: unknown top-level key {extra[0]!r} (only 'Pipeline')")
+        raise InputError(f"{path}: unknown top-level key {extra[0]!r} (Pipeline, Vars, Tune)")
     entries = document["Pipeline"]
     if not isinstance(entries, list):
         raise InputError(f"{path}: 'Pipeline' must be a list of entries")
     if not entries:
         raise InputError(f"{path}: 'Pipeline' is empty")
-    return entries
+    variables = document.get("Vars", {})
+    if not isinstance(variables, dict) or not all(
+        isinstance(k, str)
+        and _VARIABLE_NAME.fullmatch(k)
+        and isinstance(v, int | float | str)
+        and not isinstance(v, bool)
+        for k, v in variables.items()
+    ):
+        raise InputError(f"{path}: 'Vars' must map variable names to numbers or strings")
+    return document
 
 
 def _yaml_location(exc: yaml.YAMLError) -> str:

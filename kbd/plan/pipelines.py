@@ -13,6 +13,10 @@ The rule, first match wins:
    the job carries the pipeline of every family that has a schedule for the target and dtype,
    and the worker finds the kernel's family in its exported graph, as `kbd levels generate`
    does, and runs that family's pipeline; the record says the family was found at run time.
+   A tunable family schedule (one with a `Tune` section, kbd.plan.space) runs with the
+   configuration `kbd tune` adopted for the kernel's exact task key (kbd.plan.tuned), when there
+   is one and tuned configurations are on (off with `--untuned`); the record's pipeline names
+   it: `x86_64/avx512f/matmul/f32.yaml{reg_m=4 ...} (tuned)`.
 4. Otherwise the default scalar pipeline; a kernel whose family has no schedule for the target
    says so in its record (`no softmax f32 schedule for x86_64 (avx512f, avx2)`).
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from kbd.plan import descriptor, target
+from kbd.plan import descriptor, space, target, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.spec import SweepSpec
 from kbd.shared.protocol import FOUND_AT_RUN_TIME, FamilyPipeline, Stage
@@ -50,10 +54,19 @@ class Chooser:
     daemon plans many) reads schedule files again, so edits between sweeps take effect.
     `--pipeline` is handled by the caller, which resolves it once for all kernels."""
 
-    def __init__(self, options: SweepSpec, schedules_dir: Path):
+    def __init__(
+        self,
+        options: SweepSpec,
+        schedules_dir: Path,
+        tuned_configs: dict[str, space.Config] | None = None,
+        threads: int = 1,
+    ):
         self.options = options
         self.schedules_dir = schedules_dir
         self.arch, self.features = target_of(options)
+        self.tuned = tuned_configs or {}  # by task key hash
+        self.threads = threads
+        self._spaces: dict[Path, space.Space | None] = {}
         self._found: dict[tuple[str, str], Path | None] = {}
         self._stages: dict[str, list[Stage]] = {}
         self._families: dict[str, dict[str, FamilyPipeline]] = {}
@@ -73,10 +86,40 @@ class Chooser:
             return Chosen(self._resolve(default), f"{default} (family schedules off: {why})")
         found = self._find(family, entry.dtype)
         if found is not None:
-            return Chosen(self._resolve(str(found)), str(found.relative_to(self.schedules_dir)))
+            name = str(found.relative_to(self.schedules_dir))
+            key = self.task(entry, found) if self.tuned else None
+            config = self.tuned.get(key.hash()) if key is not None else None
+            if config is not None:
+                tuned_spec = space.spec(str(found), config)
+                return Chosen(self._resolve(tuned_spec), f"{space.spec(name, config)} (tuned)")
+            return Chosen(self._resolve(str(found)), name)
         where = f"{self.arch} ({', '.join(self.features)})" if self.features else self.arch
         return Chosen(
             self._resolve(default), f"{default} (no {family} {entry.dtype} schedule for {where})"
+        )
+
+    def descriptor_for(self, entry: Entry) -> Path | None:
+        """The family schedule the finder picks for `entry`, or None."""
+        family = entry.schedule_family
+        return self._find(family, entry.dtype) if family is not None else None
+
+    def space_of(self, path: Path) -> space.Space | None:
+        if path not in self._spaces:
+            self._spaces[path] = space.load(path)
+        return self._spaces[path]
+
+    def task(self, entry: Entry, path: Path) -> tuned.TaskKey | None:
+        """The tuning task of `entry` under the tunable schedule at `path` (None: not tunable)."""
+        if self.space_of(path) is None:
+            return None
+        return tuned.task_key(
+            entry,
+            str(path.relative_to(self.schedules_dir)),
+            self._resolve(str(path)),
+            arch=self.arch,
+            features=self.features,
+            cpu=target.cpu_model(),
+            threads=self.threads,
         )
 
     def families(self, dtype: str) -> dict[str, FamilyPipeline]:

@@ -60,6 +60,13 @@ class Shard(msgspec.Struct, frozen=True):
         return f"{self.index}/{self.count}"
 
 
+class TuneDefaults(msgspec.Struct, frozen=True):
+    """`kbd tune`'s own option defaults (kbd.tune.session.TuneSpec carries the values)."""
+
+    budget: int = 50  # configurations measured per kernel
+    search_time_s: float = 0.3  # minimum seconds per side of a candidate while searching
+
+
 class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Which kernels to run, how to compile and check them, and under which limits."""
 
@@ -78,6 +85,7 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     cwd: str = "."  # where relative --pipeline files are looked up
     target: str | None = None  # --target: the finder's architecture; None = this machine's
     features: tuple[str, ...] | None = None  # --feature: the finder's features; None = host's
+    tuned: bool = True  # apply tuned configurations on an exact key match (off: --untuned)
     seed: int = 0
     tolerance: float = 0.01  # rtol = atol required to pass (at least TOLERANCE_FLOOR[dtype])
     max_tolerance: float = 1.0  # largest tolerance tried when reporting a mismatch
@@ -202,6 +210,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         pipeline=tuple(args.pipeline),
         smoke_test=args.smoke_test,
         schedules=args.schedules,
+        tuned=not args.untuned,
         target=args.target,
         features=tuple(args.feature) if args.feature is not None else None,
         cwd=str(cwd),

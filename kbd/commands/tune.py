@@ -1,0 +1,65 @@
+"""`kbd tune`: the command line's side (options, export and import); kbd.tune does the work."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from kbd.plan import spec, tuned
+from kbd.plan.invocation import Invocation
+from kbd.plan.paths import check_output
+from kbd.results.store import Store
+from kbd.results.tuning import TuningStore
+from kbd.shared.errors import InputError
+from kbd.tune import session
+
+
+def main(args: argparse.Namespace, invocation: Invocation) -> int:
+    if args.export and args.import_file:
+        raise InputError("--export and --import: one at a time")
+    if args.export:
+        check_output(args.export, "--export")
+        adopted = TuningStore(Store(invocation.store_path)).all_tuned()
+        Path(args.export).write_text(tuned.jsonl(adopted))
+        print(f"kbd tune: wrote {len(adopted)} tuned configurations to {args.export}")
+        return 0
+    if args.import_file:
+        entries = tuned.read_jsonl(Path(args.import_file))
+        tuning = TuningStore(Store(invocation.store_path))
+        tune_id = tuning.create(_command(), "{}")
+        tuning.import_tuned(entries, tune_id)
+        tuning.set_status(tune_id, "done")
+        print(f"kbd tune: imported {len(entries)} tuned configurations from {args.import_file}")
+        return 0
+    if args.budget < 1:
+        raise InputError(f"--budget {args.budget}: at least 1")
+    if args.search_time <= 0:
+        raise InputError(f"--search-time {args.search_time}: must be positive")
+    if len(args.pipeline) > 1 or (args.pipeline and not args.pipeline[0].endswith(".yaml")):
+        raise InputError("--pipeline: kbd tune takes one descriptor file (.yaml) with a Tune space")
+    check_output(invocation.log_dir, "--log-dir", folder=True)
+    sweep = spec.from_args(_without_pipeline(args), Path.cwd())
+    descriptor = str((Path.cwd() / args.pipeline[0]).resolve()) if args.pipeline else None
+    if descriptor is not None and not Path(descriptor).is_file():
+        raise InputError(f"--pipeline {args.pipeline[0]}: no such descriptor file")
+    options = session.TuneSpec(
+        sweep=sweep,
+        descriptor=descriptor,
+        budget=args.budget,
+        search_time_s=args.search_time,
+        seed=sweep.seed,
+    )
+    log_dir = Path(invocation.log_dir) if invocation.log_dir else None
+    return session.run(options, invocation.store_path, args.resume, log_dir, _command())
+
+
+def _without_pipeline(args: argparse.Namespace) -> argparse.Namespace:
+    copy = argparse.Namespace(**vars(args))
+    copy.pipeline = []
+    return copy
+
+
+def _command() -> str:
+    return shlex.join(["kbd", *sys.argv[1:]])
