@@ -69,6 +69,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="levels file to read (repeatable; default: levels/level*.yaml, the whole catalog)",
     )
     sel.add_argument(
+        "--shapes",
+        choices=("smoke", "bench", "kernelbench"),
+        default=SPEC.shapes,
+        help="which shapes kernels run at: smoke (the default levels files are "
+        "levels/level*.yaml, quick to run) or bench (levels/bench/level*.yaml, big enough to "
+        "time), each entry's input_shapes and init_args; or kernelbench: each kernel's own "
+        "KernelBench inputs and init args, its problem's get_inputs() and get_init_inputs() as "
+        "they are (shapes, dtypes and values under --seed), with the kernels still selected "
+        "from levels/level*.yaml or --levels. Each such kernel is first sized on torch's meta "
+        "device, nothing allocated, and skipped when its inputs would not fit --mem-limit or "
+        "--mem-budget; GFLOPS then come from kbd's FLOP count at those shapes "
+        "(default %(default)s)",
+    )
+    sel.add_argument(
         "--kernelbench",
         metavar="DIR",
         help="KernelBench folder holding level1/, level2/, ... (default: $KBD_KERNELBENCH, "
@@ -263,13 +277,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "torch.compile(model) with its default backend, compiled in the worker before timing "
         "(its compile time is reported apart) and sampled in turn with eager and kbd's code "
         "(repeatable; needs --benchmark and a C++ compiler; see README, Benchmarking)",
-    )
-    bench.add_argument(
-        "--shapes",
-        choices=("smoke", "bench"),
-        default=SPEC.shapes,
-        help="default levels files: smoke shapes (levels/level*.yaml, quick to run) or "
-        "benchmark shapes (levels/bench/level*.yaml, big enough to time); default %(default)s",
     )
     lim = parser.add_argument_group("workers and limits")
     lim.add_argument(

@@ -3,7 +3,8 @@
 
 After the import, a kernel's pipeline and the JIT (LLVM at -O3 takes 0.1-0.3 s even for a
 ReLU, much more for real kernels) produce machine code that depends only on the imported module
-(the import cache's key: the kernel's source, its input and init specs, dtype, seed, the torch
+(the import cache's key: the kernel's source, its input and init specs or the input shapes
+sizing found, dtype, seed, the torch
 and torch-mlir versions and kbd's ingress code), the pipeline's stages (with their transform
 scripts), the optimisation level, whether timing loops were added (--benchmark), the CPU the
 JIT targets (the host's) and kbd's own code. That is this cache's key: any change of kbd's code

@@ -1,7 +1,8 @@
 """The import cache: imported MLIR by content address, under .kbd/import-cache/ (supervisor side).
 
 The import (torch.export plus torch-mlir's FX importer, about 0.8 s per kernel) depends only on
-the kernel's source, its input and init specs, dtype and seed, the torch and torch-mlir versions
+the kernel's source, its input and init specs (or, at its problem's own shapes, the input shapes
+sizing found), dtype and seed, the torch and torch-mlir versions
 and kbd's ingress code; pipelines come after it. So a re-sweep with another pipeline, or a rerun,
 can skip it. An entry is the module as imported *after* the parameters were lifted into
 arguments (kbd.worker.ingress.lift_parameters): the weights still come from the model at run time.
@@ -53,7 +54,10 @@ def key(job: Job) -> str:
     digest = hashlib.sha256()
     digest.update(_environment())
     digest.update(job.source_text.encode())
-    spec = (job.inputs, job.init_args, job.dtype, job.seed)
+    # a job at its problem's own shapes has no input specs: the shapes sizing found stand in
+    # for them (the worker checks that get_inputs() makes exactly those)
+    sized = job.sized.inputs if job.sized is not None else None
+    spec = (job.inputs, job.init_args, job.dtype, job.seed, sized)
     digest.update(msgspec.msgpack.encode(spec))
     return digest.hexdigest()
 

@@ -124,12 +124,29 @@ class Agent:
                 running.cancel()  # the head gave up on it: kill and reap the worker
 
     async def _run(self, plan: Planned, timeout: float, emit) -> None:
-        await self._memory.acquire(plan.memory)
+        held = plan.memory
+        await self._memory.acquire(held)
         cores = self._free.pop(0)  # the head never sends more than `slots` kernels at once
         try:
             if self._spawner is None:
                 raise RuntimeError("kbd agent: run before start, or after its template ended")
             hooks = Hooks(phase=lambda kernel, phase: emit(Phase(phase)))
+            if scheduler.needs_sizing(plan):  # at its problem's own shapes: as a local sweep
+                sized = await scheduler.size_plan(
+                    self._spawner, plan, cores, timeout=timeout, log_dir=self.log_dir, hooks=hooks
+                )
+                if isinstance(sized, Planned):
+                    reason = scheduler.too_big(sized, self.budget)
+                    if reason is not None:
+                        sized = scheduler.skipped(sized, reason)
+                if not isinstance(sized, Planned):
+                    emit(Finished(self._mark(sized)))
+                    return
+                plan = sized
+                self._memory.release(held)  # admitted again at the size it has
+                held = 0
+                await self._memory.acquire(plan.memory)
+                held = plan.memory
             record = await scheduler.run_plan(
                 self._spawner, plan, cores, timeout=timeout, log_dir=self.log_dir, hooks=hooks
             )
@@ -139,7 +156,7 @@ class Agent:
             raise
         finally:
             self._free.append(cores)
-            self._memory.release(plan.memory)
+            self._memory.release(held)
 
     async def stop(self) -> None:
         """Stop the template (it kills every worker) and wait for it."""

@@ -34,7 +34,7 @@ from kbd.engine import scheduler
 from kbd.engine.scheduler import Hooks, Planned
 from kbd.plan.limits import format_size
 from kbd.plan.spec import SweepSpec
-from kbd.results.record import Record, expect
+from kbd.results.record import Record, expect, inputs_of
 from kbd.shared import identity
 from kbd.shared.errors import ClusterError
 from kbd.shared.protocol import START_PHASE, Phase
@@ -262,6 +262,8 @@ async def _run_on(node: _Node, plan: Planned, queue: _Queue, lost, options, hook
             Record(
                 kernel=plan.entry.name,
                 mode=plan.job.mode,
+                shapes=plan.job.shapes,
+                inputs=inputs_of(plan.job),
                 outcome="lost",
                 phase=phase,
                 message=f"the kbd agent on {node.info.node} was lost while running it "
@@ -291,6 +293,8 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
     return Record(
         kernel=plan.entry.name,
         mode=plan.job.mode,
+        shapes=plan.job.shapes,
+        inputs=inputs_of(plan.job),
         outcome=outcome,
         phase=phase,
         message=f"{message} [{note}]" if note else message,

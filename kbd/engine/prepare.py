@@ -77,6 +77,9 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
     entries = catalog.select(catalog.load(files), list(options.kernels))
     if options.dtype is not None:
         entries = [catalog.with_dtype(entry, options.dtype) for entry in entries]
+    own = options.shapes == "kernelbench"  # sized before they run: kbd.engine.scheduler
+    if own:
+        entries = [catalog.own_shapes(entry) for entry in entries]
     catalog.check_sources(entries, root)
     override = (
         descriptor.resolve_pipeline(
@@ -123,6 +126,8 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
             bench=options.bench,
             mode=mode,
             inspect=dumps.inspect_for(options, label(entry.name, mode), single),
+            shapes="kernelbench" if own else "levels",
+            heavy_opt_level=options.heavy_opt_level() if own else None,
         )
         if options.import_cache and mode == "import":
             job = import_cache.attach(job, cache_dir, import_cache.DEFAULT_MAX_BYTES)

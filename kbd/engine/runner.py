@@ -28,7 +28,7 @@ from kbd.engine.spawner import Spawner, Worker
 from kbd.plan.catalog import Entry
 from kbd.plan.limits import WORKER_BASE_BYTES, format_size
 from kbd.results import stats
-from kbd.results.record import LLVM_ERROR, Death, Record, classify, expect, label
+from kbd.results.record import LLVM_ERROR, Death, Record, classify, expect, inputs_of, label
 from kbd.shared import proctree, protocol
 from kbd.shared.protocol import (
     Generated,
@@ -38,6 +38,8 @@ from kbd.shared.protocol import (
     Phase,
     PipelineChosen,
     Result,
+    Size,
+    Sized,
     Task,
     WorkerMessage,
 )
@@ -53,7 +55,7 @@ class WorkerEnd:
     """What the supervisor saw of one worker, from spawn to reaping."""
 
     phase: str = protocol.START_PHASE
-    result: Result | Generated | None = None  # the worker's answer to its task
+    result: Result | Sized | Generated | None = None  # the worker's answer to its task
     timed_out: bool = False
     memory_killed: bool = False
     peak_rss: int = 0
@@ -107,6 +109,47 @@ async def run_kernel(
         return await _run_in_scratch(spawner, entry, process_job, timeout, path, shown, on_memory)
 
     return await bench_processes.run(job, entry.gflops, run_once)
+
+
+async def size_kernel(
+    spawner: Spawner,
+    entry: Entry,
+    job: Job,
+    *,
+    timeout: float,
+    log_path: Path,
+    on_phase: Callable[[str, str], None] = lambda kernel, phase: None,
+    on_memory: Callable[[str, int], None] = lambda kernel, rss: None,
+) -> Sized | Record:
+    """Measure a job's problem at its own shapes in a new worker (a `Size` task: the meta
+    device, nothing of the inputs' size allocated; kbd.worker.sizing), with the job's limits,
+    cores and containment, in a scratch folder of its own: the measure, or the classified
+    record of a sizing that failed (the problem raised, crashed, hung or ran out of memory)."""
+    name = label(entry.name, job.mode)
+    with scratch_folder(name) as scratch:
+        task = Size(
+            kernel=job.kernel,
+            source=job.source,
+            source_text=job.source_text,
+            dtype=job.dtype,
+            seed=job.seed,
+            limits=msgspec.structs.replace(job.limits, scratch=str(scratch)),
+        )
+        state = await run_in_worker(
+            spawner,
+            task,
+            name=name,
+            mem_limit=job.limits.mem_limit,
+            timeout=timeout,
+            log_path=log_path,
+            on_phase=on_phase,
+            on_memory=on_memory,
+        )
+    if isinstance(state.result, Sized) and not (state.timed_out or state.memory_killed):
+        return state.result
+    # nothing was imported or compiled: the record names no cache
+    job = msgspec.structs.replace(job, import_cache=None, compile_cache=None)
+    return _record(entry, job, state, timeout, log_path)
 
 
 async def _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
@@ -357,8 +400,8 @@ async def _drain(fd: int, log, state: WorkerEnd) -> None:
 
 
 def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Record:
-    if isinstance(state.result, Generated):  # not an answer to a Job
-        state.protocol_error = "answered a Job with Generated"
+    if state.result is not None and not isinstance(state.result, Result):  # not an answer
+        state.protocol_error = f"answered a {type(job).__name__} with {type(state.result).__name__}"
         state.result = None
     death = state.death(job.limits.mem_limit, timeout)
     peak = death.peak_rss_bytes
@@ -378,6 +421,8 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         kernel=entry.name,
         mode=job.mode,
         dtype=job.dtype,
+        shapes=job.shapes,
+        inputs=inputs_of(job),
         outcome=final,
         phase=phase,
         signal=sig,

@@ -1,7 +1,9 @@
 """Run many kernels on all cores: core slots, memory admission, ordering, Ctrl-C.
 
-One task group per sweep; each kernel runs in its own task with its own worker. Supervisor
-side: no torch.
+One task group per sweep; each kernel runs in its own task with its own worker. A kernel run at
+its problem's own shapes (`--shapes kernelbench`) is sized first, in a worker of its own on the
+meta device (`size_plan`), so that its estimate, and so `too_big` and admission, know the shapes
+before anything of their size exists. Supervisor side: no torch.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from kbd.caches import compile_cache, import_cache
 from kbd.engine import dumps
-from kbd.engine.runner import run_kernel
+from kbd.engine.runner import run_kernel, size_kernel
 from kbd.engine.spawner import Spawner
+from kbd.plan import limits, spec
 from kbd.plan.catalog import Entry
 from kbd.plan.limits import WORKER_BASE_BYTES, format_size
-from kbd.results.record import Record, label
+from kbd.results.record import Record, inputs_of, label
 from kbd.shared.errors import TemplateError
-from kbd.shared.protocol import Job
+from kbd.shared.protocol import Job, Sized
 
 
 @dataclass(frozen=True)
@@ -157,18 +161,23 @@ async def execute(
     hooks: Hooks,
     control: Control | None = None,
     run: Callable[..., Awaitable[Record]] = run_kernel,
+    size: Callable[..., Awaitable[Sized | Record]] = size_kernel,
 ) -> bool:
     """Run every plan with at most `jobs` at once, on cores and memory from `pool`.
 
     Without `control`, Ctrl-C and SIGTERM stop the sweep (first: start nothing new; second:
     kill). Returns False when stopped before all plans had started or when running kernels were
     killed (either way some kernels have no record, and `--resume` runs them). `run` runs one
-    kernel in a worker (`runner.run_kernel`; tests pass a fake). `spawner` may be None when no
-    plan can start (each is too big, see `too_big`): nothing is spawned then.
+    kernel in a worker (`runner.run_kernel`; tests pass a fake), `size` sizes one
+    (`runner.size_kernel`). A plan that needs sizing (`needs_sizing`) is sized in its turn,
+    admitted like a kernel at its levels estimate, before its own estimate decides whether and
+    when it runs. `spawner` may be None when no plan can start (each is too big, see
+    `too_big`): nothing is spawned then.
     """
     width = cores_per_worker(pool.cores, jobs)
     running = 0
     one_ended = anyio.Event()
+    found: dict[tuple[str, str], Sized] = {}  # (kernel, dtype): --mode both sizes once
 
     async def run_one(plan: Planned, cores: tuple[int, ...]) -> None:
         nonlocal running, one_ended
@@ -197,6 +206,26 @@ async def execute(
                 return cores
         return None
 
+    async def sized_first(plan: Planned) -> Planned | Record | None:
+        """The plan sized (or the record of its failed sizing); None when the sweep is stopped
+        while it waits for cores."""
+        known = found.get((plan.job.kernel, plan.job.dtype))
+        if known is not None:
+            return sized(plan, known)
+        cores = await admit(plan)
+        if cores is None:
+            return None
+        try:
+            hooks.started(plan.label)
+            outcome = await size_plan(
+                spawner, plan, cores, timeout=timeout, log_dir=log_dir, hooks=hooks, size=size
+            )
+        finally:
+            pool.release(cores, plan.memory)
+        if isinstance(outcome, Planned):
+            found[(plan.job.kernel, plan.job.dtype)] = outcome.job.sized
+        return outcome
+
     own_signals = control is None
     control = control or Control()
     completed = ended = False
@@ -207,6 +236,14 @@ async def execute(
         for plan in plans:
             if control.stopping.is_set():
                 break
+            if needs_sizing(plan):
+                outcome = await sized_first(plan)
+                if outcome is None:
+                    break
+                if isinstance(outcome, Record):
+                    hooks.finished(outcome)
+                    continue
+                plan = outcome
             reason = too_big(plan, pool.budget)
             if reason is not None:  # never started: a worker could not hold it
                 hooks.finished(skipped(plan, reason))
@@ -257,15 +294,79 @@ async def run_plan(
     except Exception as exc:
         if _is_template_error(exc):
             raise  # no worker can start any more: the command ends
-        return Record(  # a kbd bug must not end the sweep: record it
-            kernel=plan.entry.name,
-            mode=plan.job.mode,
-            outcome="error",
-            phase="supervisor",
-            message=f"kbd internal error: {exc!r}",
-            pipeline=plan.job.pipeline,
-            warning=plan.entry.warning,
+        return _internal_error(plan, exc)
+
+
+def needs_sizing(plan: Planned) -> bool:
+    """Does the plan run at its problem's own shapes, not measured yet (`size_plan`)?"""
+    return plan.job.shapes == "kernelbench" and plan.job.sized is None
+
+
+async def size_plan(
+    spawner: Spawner,
+    plan: Planned,
+    cores: tuple[int, ...],
+    *,
+    timeout: float,
+    log_dir: Path,
+    hooks: Hooks,
+    size: Callable[..., Awaitable[Sized | Record]] = size_kernel,
+) -> Planned | Record:
+    """Size a plan at its problem's own shapes in a worker pinned to `cores` (its log is
+    `<kernel>.size.log`): the plan as sizing found it (`sized`), or the record of a sizing that
+    failed. Only a dead template raises, as in `run_plan`."""
+    try:
+        outcome = await size(
+            spawner,
+            plan.entry,
+            _with_cores(plan.job, cores),
+            timeout=timeout,
+            log_path=log_dir / (dumps.file_stem(plan.label) + ".size.log"),
+            on_phase=hooks.phase,
+            on_memory=hooks.memory,
         )
+    except Exception as exc:
+        if _is_template_error(exc):
+            raise
+        return _internal_error(plan, exc)
+    return sized(plan, outcome) if isinstance(outcome, Sized) else outcome
+
+
+def sized(plan: Planned, found: Sized) -> Planned:
+    """The plan at the shapes sizing found: its estimate from them (kbd.plan.limits), its GFLOPS
+    from kbd's FLOP count at them (none when uncounted; never the levels entry's, which are for
+    other shapes), its -O (`Job.heavy_opt_level`), and cache keys that include them."""
+    gflops = found.flops / 1e9 if found.flops is not None else None
+    job = msgspec.structs.replace(plan.job, sized=found)
+    if job.heavy_opt_level is not None and spec.is_heavy(gflops):
+        job = msgspec.structs.replace(job, opt_level=job.heavy_opt_level)
+    if job.import_cache is not None:
+        cache = job.import_cache
+        job = import_cache.attach(job, Path(cache.directory), cache.max_bytes)
+    if job.compile_cache is not None:
+        cache = job.compile_cache
+        job = compile_cache.attach(job, Path(cache.directory), cache.max_bytes)
+    return Planned(
+        entry=msgspec.structs.replace(plan.entry, gflops=gflops),
+        job=job,
+        memory=max(plan.memory, limits.estimate_sized(found)),
+        expected_s=plan.expected_s,
+    )
+
+
+def _internal_error(plan: Planned, exc: Exception) -> Record:
+    """A kbd bug must not end the sweep: the kernel's record says what it was."""
+    return Record(
+        kernel=plan.entry.name,
+        mode=plan.job.mode,
+        shapes=plan.job.shapes,
+        inputs=inputs_of(plan.job),
+        outcome="error",
+        phase="supervisor",
+        message=f"kbd internal error: {exc!r}",
+        pipeline=plan.job.pipeline,
+        warning=plan.entry.warning,
+    )
 
 
 async def watch_interrupts(stopping: anyio.Event, scope: anyio.CancelScope, hooks: Hooks) -> None:
@@ -300,17 +401,26 @@ def too_big(plan: Planned, budget: int) -> str | None:
 
 def skipped(plan: Planned, reason: str) -> Record:
     """The record of a kernel never started, because `reason` (from `too_big`)."""
-    message = f"needs about {format_size(plan.memory)}, {reason}"
+    shapes = ""
+    if plan.job.sized is not None:  # the problem's own: say which
+        shapes = " for inputs " + _shorten(", ".join(plan.job.sized.inputs), 120)
+    message = f"needs about {format_size(plan.memory)}{shapes}, {reason}"
     return Record(
         kernel=plan.entry.name,
         mode=plan.job.mode,
         dtype=plan.job.dtype,
+        shapes=plan.job.shapes,
+        inputs=inputs_of(plan.job),
         outcome="skipped",
         phase="schedule",
         message=message,
         expected=str(plan.entry.expectation) if plan.entry.expectation else None,
         warning=plan.entry.warning,
     )
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _is_template_error(exc: BaseException) -> bool:

@@ -106,8 +106,9 @@ def kernelbench_root(option: str | None) -> Path:
 
 def default_levels_files(shapes: str = "smoke") -> list[Path]:
     """The whole catalog: levels/level*.yaml, or levels/bench/level*.yaml for benchmark shapes
-    (ci.yaml is selected with --levels)."""
-    if shapes == "smoke":
+    (ci.yaml is selected with --levels). KernelBench's own shapes select from levels/level*.yaml
+    (which kernels, their family, pipeline, dtype and xfail); their inputs are the problems'."""
+    if shapes in ("smoke", "kernelbench"):
         return sorted(LEVELS_DIR.glob("level*.yaml"))
     files = sorted((LEVELS_DIR / "bench").glob("level*.yaml"))
     if not files:
@@ -180,6 +181,14 @@ def with_dtype(entry: Entry, dtype: str) -> Entry:
         inputs = [Tensor(retyped(i.shape)) if isinstance(i, Tensor) else i for i in inputs]
     outputs = [retyped(o) for o in entry.outputs] if entry.outputs is not None else None
     return msgspec.structs.replace(entry, dtype=dtype, inputs=inputs, outputs=outputs)
+
+
+def own_shapes(entry: Entry) -> Entry:
+    """The entry run at its problem's own shapes (`--shapes kernelbench`): get_inputs() and
+    get_init_inputs() as they are. Its input_shapes, initializations, init_args, output_shape
+    and gflops describe other shapes, so they go; which kernel it is, its family, pipeline,
+    dtype, warning and xfail stay."""
+    return msgspec.structs.replace(entry, inputs=None, init_args=None, outputs=None, gflops=None)
 
 
 def select(entries: list[Entry], prefixes: list[str]) -> list[Entry]:

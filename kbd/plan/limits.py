@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from kbd.shared.errors import InputError
-from kbd.shared.protocol import THREAD_ENV, Tensor
+from kbd.shared.protocol import THREAD_ENV, Sized, Tensor
 
 if TYPE_CHECKING:
     from kbd.plan.catalog import Entry
@@ -76,19 +76,31 @@ def default_budget() -> int:
 
 
 def estimate(entry: Entry) -> int:
-    """Predicted peak memory of a worker running `entry`.
+    """Predicted peak memory of a worker running `entry` at its levels entry's shapes (`footprint`).
+    Kernels without shapes (get_inputs) get only the base, until sized (`estimate_sized`)."""
+    sizes = [i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor)]
+    outputs = sum(o.nbytes for o in entry.outputs) if entry.outputs is not None else None
+    return footprint(sizes, outputs)
+
+
+def estimate_sized(sized: Sized) -> int:
+    """Predicted peak memory of a worker running a problem at its own shapes, as measured
+    without making them (`--shapes kernelbench`, kbd.worker.sizing)."""
+    return footprint(sized.input_bytes, sized.output_bytes, sized.param_bytes)
+
+
+def footprint(inputs: list[int], outputs: int | None, params: int = 0) -> int:
+    """Predicted peak memory of a worker whose inputs take `inputs` bytes each, its outputs
+    `outputs` bytes together (None: unknown) and its parameters `params` bytes.
 
     Inputs are held once by numpy (shared with torch) and again while the eager reference
     runs; each output exists as the compiled buffer and the eager result (the check compares
-    them in small chunks). Kernels without shapes (get_inputs) get only the base.
+    them in small chunks); parameters are held once (the compiled code reads the model's own).
+    Unknown outputs: assume one as large as the largest input.
     """
-    sizes = [i.shape.nbytes for i in entry.inputs or [] if isinstance(i, Tensor)]
-    if entry.outputs is not None:
-        outputs = sum(o.nbytes for o in entry.outputs)
-    else:  # unknown outputs: assume one as large as the largest input
-        outputs = max(sizes, default=0)
-    inputs = sum(sizes)
-    return WORKER_BASE_BYTES + 2 * inputs + 2 * outputs
+    if outputs is None:
+        outputs = max(inputs, default=0)
+    return WORKER_BASE_BYTES + 2 * sum(inputs) + 2 * outputs + params
 
 
 def thread_env(cores: int) -> dict[str, str]:

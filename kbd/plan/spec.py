@@ -46,6 +46,11 @@ TOLERANCE_FLOOR = {"bf16": 0.05, "f16": 0.01}
 _TARGET_NAME = re.compile(r"[A-Za-z0-9_.]+")
 
 
+def is_heavy(gflops: float | None) -> bool:
+    """A kernel that gets -O3 even on --smoke-test's scalar path (SMOKE_HEAVY_GFLOPS)."""
+    return gflops is not None and gflops >= SMOKE_HEAVY_GFLOPS
+
+
 class Shard(msgspec.Struct, frozen=True):
     """Shard `index` of `count` (1-based): a stable subset of kernels, by hash of the name."""
 
@@ -73,7 +78,9 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
     # selection
     kernels: tuple[str, ...] = ()  # path prefixes, e.g. "level1/"; empty = every entry
     levels: tuple[str, ...] = ()  # absolute levels-file paths; empty = the whole catalog
-    shapes: Literal["smoke", "bench"] = "smoke"  # which catalog: levels/ or levels/bench/
+    # which catalog: levels/ or levels/bench/; "kernelbench" selects from levels/ (or --levels)
+    # and runs each kernel with its problem's own get_inputs() and get_init_inputs()
+    shapes: Literal["smoke", "bench", "kernelbench"] = "smoke"
     kernelbench: str | None = None  # absolute KernelBench root; None = $KBD_KERNELBENCH/default
     shard: Shard | None = None
     # compilation and checking
@@ -144,9 +151,15 @@ class SweepSpec(msgspec.Struct, frozen=True, kw_only=True):
         if self.bench is not None:
             return DEFAULT_OPT_LEVEL
         if self.smoke_test and not self.family_schedules:
-            heavy = gflops is not None and gflops >= SMOKE_HEAVY_GFLOPS
-            return DEFAULT_OPT_LEVEL if heavy else SMOKE_OPT_LEVEL
+            return DEFAULT_OPT_LEVEL if is_heavy(gflops) else SMOKE_OPT_LEVEL
         return CHECK_OPT_LEVEL
+
+    def heavy_opt_level(self) -> int | None:
+        """For a kernel whose FLOPs are known only once it is sized (`--shapes kernelbench`):
+        its -O if sizing finds it heavy (`is_heavy`), when that differs from its -O otherwise;
+        the supervisor applies it (kbd.engine.scheduler.sized)."""
+        heavy = self.opt_level_for(math.inf)
+        return heavy if heavy != self.opt_level_for(None) else None
 
     def __post_init__(self) -> None:
         if self.jobs is not None and self.jobs < 1:

@@ -11,7 +11,7 @@ from kbd.plan.catalog import Expectation
 from kbd.plan.limits import format_size
 from kbd.results.stats import Benchmark
 from kbd.shared.outcomes import Outcome, is_failure
-from kbd.shared.protocol import Coverage, Mode, Result
+from kbd.shared.protocol import Coverage, Job, Mode, Result, ShapesFrom, Tensor
 
 LLVM_ERROR = re.compile(r"LLVM ERROR: .*")
 # An LLVM abort that is an allocation failure. RuntimeDyld (the JIT's linker) says "Unable to
@@ -30,6 +30,13 @@ class Record(msgspec.Struct, kw_only=True):
     kernel: str
     mode: Mode = "import"
     dtype: str = "f32"  # the element type it ran in (--dtype, or its levels entry's)
+    # Where its inputs came from: its levels entry ("levels"), or its problem's own
+    # get_inputs() and get_init_inputs() ("kernelbench", --shapes kernelbench) ...
+    shapes: ShapesFrom = "levels"
+    # ...and what they were (`inputs_of`): DIMSxTYPExINIT per tensor as the levels entry gives
+    # it, or DIMSxTYPE as sizing found it; a scalar's value. Empty when not known (the entry
+    # gives none, or the kernel ended before it was sized).
+    inputs: list[str] = []
     outcome: Outcome
     phase: str
     signal: str | None = None
@@ -70,6 +77,14 @@ class Record(msgspec.Struct, kw_only=True):
     def failed(self) -> bool:
         """Does this record make the run fail (see the outcome table)?"""
         return is_failure(self.outcome)
+
+
+def inputs_of(job: Job) -> list[str]:
+    """The inputs a job runs with, as a record gives them (`Record.inputs`); the job is the one
+    source: its levels entry's input specs, or the shapes sizing found."""
+    if job.sized is not None:
+        return list(job.sized.inputs)
+    return [str(i.shape) if isinstance(i, Tensor) else str(i.value) for i in job.inputs or []]
 
 
 def label(kernel: str, mode: str) -> str:

@@ -111,7 +111,8 @@ TABLE: tuple[OutcomeCode, ...] = (
     OutcomeCode(
         name="skipped",
         meaning="not run: predicted to need more memory than `--mem-limit` or the budget (the "
-        "estimate is in the message), or it cannot run in its element type: eager has no "
+        "estimate is in the message; with `--shapes kernelbench`, the shapes it was made for), "
+        "or it cannot run in its element type: eager has no "
         "kernel for it, or nothing in it is floating-point (the reason is in the message)",
         failure=False,
         junit="skipped",

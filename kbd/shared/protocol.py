@@ -4,9 +4,10 @@ Frames are a 4-byte big-endian length followed by a msgpack payload. Two channel
 messages defined here:
 
 - supervisor <-> worker, on a socketpair private to one kernel: the supervisor sends one task
-  (a `Job`, a `Generate` for the levels generator, or a `Replay` for `kbd replay`); the worker
-  answers `Phase` heartbeats (sent *before* each step, so a death is pinned to a phase) and one
-  `Result` (or `Generated`); `Imported` and `Library` frames hand the supervisor what its caches
+  (a `Job`, a `Size` before the job of a kernel run at its problem's own shapes, a `Generate` for
+  the levels generator, or a `Replay` for `kbd replay`); the worker answers `Phase` heartbeats
+  (sent *before* each step, so a death is pinned to a phase) and one `Result` (or `Sized`,
+  `Generated`); `Imported` and `Library` frames hand the supervisor what its caches
   keep, and `QuietGranted` answers the bench heartbeat of a job timed alone. The worker's
   stdout/stderr never carry frames.
 - supervisor <-> template (the warm process that forks workers), on a Unix socket: `Spawn`
@@ -244,6 +245,25 @@ class FamilyPipeline(msgspec.Struct, frozen=True):
     stages: list[Stage]
 
 
+# Where a kernel's inputs and init args come from (`--shapes`): its levels entry, or
+# "kernelbench", its problem file's own get_inputs() and get_init_inputs() as they are.
+ShapesFrom = Literal["levels", "kernelbench"]
+
+
+class Sized(msgspec.Struct, frozen=True, tag="sized"):
+    """A problem's own inputs and what one forward at them costs, measured without making them
+    (on torch's meta device, kbd/worker/sizing.py): the answer to `Size`."""
+
+    # Each item of get_inputs(): a tensor as DIMSxTYPE (e.g. 16x16384xf32, in the job's element
+    # type), anything else as its repr (e.g. 2.5); and the bytes of each (0 for a non-tensor).
+    inputs: list[str]
+    input_bytes: list[int]
+    output_bytes: int | None  # one forward's outputs; None: the forward did not run on meta
+    param_bytes: int  # the model's parameters and buffers
+    flops: int | None  # one forward, counted as `kbd levels generate` counts; None: unknown
+    note: str = ""  # where the measure could not stay on the meta device, why
+
+
 class Job(msgspec.Struct, frozen=True, tag="job"):
     """Everything a worker needs to run one kernel."""
 
@@ -271,6 +291,14 @@ class Job(msgspec.Struct, frozen=True, tag="job"):
     # generate` does), runs that family's pipeline instead of `stages` and says which
     # (`PipelineChosen`); a family without one here, or none, keeps `stages`.
     families: dict[str, FamilyPipeline] = {}
+    # "kernelbench": inputs, init_args and outputs are None (the problem's own), and the
+    # supervisor sizes the kernel in a `Size` task before it admits the job; `sized` is that
+    # measure, which the worker checks get_inputs() against (the caches key on its shapes).
+    shapes: ShapesFrom = "levels"
+    sized: Sized | None = None
+    # Planning (the worker ignores it): the JIT's -O once sizing finds a forward of at least
+    # kbd.plan.spec.SMOKE_HEAVY_GFLOPS, when that changes it (--smoke-test's scalar path).
+    heavy_opt_level: int | None = None
 
     @property
     def timed_alone(self) -> bool:
@@ -298,6 +326,19 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     init_args: list[Any] | None = None
 
 
+class Size(msgspec.Struct, frozen=True, tag="size"):
+    """Measure a problem at its own shapes without making its inputs (`--shapes kernelbench`):
+    its get_init_inputs(), Model and get_inputs() on the meta device and one forward there;
+    answered by `Sized`."""
+
+    kernel: str  # e.g. "level1/19_ReLU.py"
+    source: str  # absolute path of the problem file (names it in tracebacks)
+    source_text: str  # the problem file's text: the worker measures this, not the file
+    dtype: str  # the element type the job runs in (floating inputs and the model cast to it)
+    seed: int
+    limits: Limits
+
+
 class Replay(msgspec.Struct, frozen=True, tag="replay"):
     """Run one pipeline stage on a module (`kbd replay BUNDLE`): no kernel, no reference."""
 
@@ -307,7 +348,7 @@ class Replay(msgspec.Struct, frozen=True, tag="replay"):
     limits: Limits
 
 
-Task = Job | Generate | Replay
+Task = Job | Size | Generate | Replay
 
 
 # --- worker -> supervisor -------------------------------------------------------------------
@@ -423,7 +464,7 @@ class Library(msgspec.Struct, frozen=True, tag="library"):
     signature: Signature
 
 
-WorkerMessage = Phase | Result | Imported | Library | Generated | PipelineChosen
+WorkerMessage = Phase | Result | Imported | Library | Generated | Sized | PipelineChosen
 
 
 # --- supervisor -> worker, after its task ---------------------------------------------------

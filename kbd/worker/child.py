@@ -30,6 +30,8 @@ from kbd.shared.protocol import (
     QuietGranted,
     Replay,
     Result,
+    Size,
+    Sized,
     Task,
 )
 from kbd.worker import generate, sandbox
@@ -69,6 +71,8 @@ def main(sock: socket.socket, parent: int) -> int:
             + "; ".join(f"{key}: {reason}" for key, reason in missing.items()),
             limits_enforced=enforced,
         )
+    elif isinstance(job, Size):  # runs the problem's code: contained as a job is
+        result = job_runner.size(job, announce, enforced)
     else:
         result = job_runner.run(
             job,
@@ -81,7 +85,7 @@ def main(sock: socket.socket, parent: int) -> int:
     return 0
 
 
-def _report(sock: socket.socket, result: Result) -> None:
+def _report(sock: socket.socket, result: Result | Sized) -> None:
     """Send the task's result, once what the task printed is in the log."""
     sys.stdout.flush()
     sys.stderr.flush()

@@ -286,10 +286,18 @@ class _ElementCounter(TorchDispatchMode):
         return out
 
 
-def _forward(model, inputs, init_args) -> Measure:
+def count_forward(model, inputs) -> tuple[object, int, int]:
+    """One forward under kbd's FLOP counting: (its result, torch's FLOP count, the elements of
+    the largest operand of every non-view aten op). A kernel's FLOPs are the first when it is
+    not 0, else the second (`Measure.flops`); `kbd run --shapes kernelbench` counts the same."""
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter, _ElementCounter() as elements:
         out = model(*inputs)
+    return out, int(counter.get_total_flops()), int(elements.count)
+
+
+def _forward(model, inputs, init_args) -> Measure:
+    out, counted, estimated = count_forward(model, inputs)
     outs = list(out) if isinstance(out, tuple | list) else [out]
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         raise GenError(f"forward returned {type(out).__name__}, not tensors")
@@ -302,8 +310,8 @@ def _forward(model, inputs, init_args) -> Measure:
         input_bytes=sum(_nbytes(t) for t in inputs if isinstance(t, torch.Tensor)),
         param_bytes=param_bytes,
         output_bytes=sum(_nbytes(t) for t in outs),
-        counted_flops=int(counter.get_total_flops()),
-        estimated_flops=int(elements.count),
+        counted_flops=counted,
+        estimated_flops=estimated,
         outputs=[tuple(o.shape) for o in outs],
         init_args=list(init_args),
     )

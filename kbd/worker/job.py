@@ -28,6 +28,8 @@ from kbd.shared.protocol import (
     PipelineChosen,
     Replay,
     Result,
+    Size,
+    Sized,
     is_pipeline_phase,
 )
 from kbd.worker import (
@@ -38,6 +40,7 @@ from kbd.worker import (
     library,
     mlir,
     runtime,
+    sizing,
     stages,
     state,
 )
@@ -100,6 +103,22 @@ def replay(
         return _failure(exc, step, limits_enforced)
 
 
+def size(
+    task: Size, announce: Callable[[str], None], limits_enforced: dict[str, str]
+) -> Sized | Result:
+    """Measure a problem at its own shapes without making its inputs (kbd.worker.sizing); its
+    failure is data, as in `run`."""
+    step = _Step(announce)
+    try:
+        with step("load"):
+            ingress.seed_everything(task.seed)
+            problem = ingress.load_problem(task.source, task.source_text)
+        with step("size"):
+            return sizing.size(problem, task.dtype)
+    except BaseException as exc:
+        return _failure(exc, step, limits_enforced)
+
+
 def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> Result:
     with step("load"):
         ingress.seed_everything(job.seed)
@@ -111,6 +130,8 @@ def _run(job: Job, step: _Step, limits_enforced: dict[str, str], send, end) -> R
             ]
             if job.dtype != "f32":
                 args = ingress.cast_floating(args, job.dtype)
+            if job.sized is not None:
+                sizing.check_inputs(args, job.sized)
             inputs = ingress.buffers_from_args(args)
         else:
             args, inputs = ingress.make_inputs(job.inputs, job.seed)
