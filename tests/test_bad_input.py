@@ -154,6 +154,9 @@ CASES = [
     ("generate-levels-dir-is-a-file", "GEN --only K --levels-dir {tmp}/afile", "--levels-dir"),
     ("generate-log-dir-under-a-file", "GEN --only K --log-dir {tmp}/afile/l", "--log-dir"),
     ("generate-shapes-unknown", "GEN --shapes huge", "--shapes"),
+    # KernelBench's own shapes need no levels file: there is nothing to generate at them
+    ("generate-shapes-kernelbench", "GEN --shapes kernelbench", "--shapes"),
+    ("run-shapes-unknown", "run FX --shapes huge K", "--shapes"),
     ("update-xfail-unknown-sweep", "levels update-xfail 999", "999", with_store),
     ("update-xfail-without-store", "levels update-xfail", "results.db"),
     (

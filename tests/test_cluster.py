@@ -19,6 +19,7 @@ import pytest
 from tests import clusters
 from tests.conftest import ROOT, fixture_args, kbd, needs_kernelbench
 from tests.test_faults import EXPECTED
+from tests.test_kernelbench_shapes import OWN_TWO, OWN_TWO_ENDS, ends
 
 pytestmark = clusters.needs_ray
 
@@ -53,6 +54,16 @@ def test_ci_levels_on_two_nodes(cluster, tmp_path):
     result = kbd("sweep", *args, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     assert {r["outcome"] for r in clusters.final(tmp_path).values()} == {"pass"}
+
+
+def test_kernelbench_shapes_on_two_nodes(cluster, tmp_path):
+    """--shapes kernelbench travels in the spec and the job: each agent sizes its kernels first
+    and skips the one whose inputs would not fit, as a local sweep does."""
+    result = kbd("sweep", *OWN_TWO, "--cluster", cluster.address, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    records = clusters.final(tmp_path)
+    assert ends(records) == OWN_TWO_ENDS
+    assert all(r["node"] for r in records.values())  # both ran on the cluster
 
 
 def test_unreachable_cluster_then_resume_here(tmp_path):

@@ -27,6 +27,7 @@ from tests.conftest import (
     json_records,
     kbd,
 )
+from tests.test_kernelbench_shapes import OWN_TWO, OWN_TWO_ENDS, ends
 
 QUICK = ("level1/2_", "level1/3_")
 
@@ -93,6 +94,16 @@ def test_a_levels_warning_is_shown_through_the_daemon(warm):
     assert "starting a daemon" not in result.stderr
     lines = result.stderr.splitlines()
     assert lines[lines.index(LIGHTHOUSE_WARNING) + 1].startswith("PASS     level1/7_mse_loss ")
+
+
+def test_kernelbench_shapes_in_the_daemon_match_a_run_without_it(warm):
+    """--shapes kernelbench travels in the spec: the daemon sizes each kernel first and skips
+    the one whose inputs would not fit, as a run in this process does."""
+    inside = kbd("run", *OWN_TWO, "--json", cwd=warm)
+    outside = kbd("run", *OWN_TWO, "--json", "--no-daemon", cwd=warm)
+    assert "starting a daemon" not in inside.stderr
+    assert inside.returncode == outside.returncode == 0, inside.stderr
+    assert ends(json_records(inside.stdout)) == ends(json_records(outside.stdout)) == OWN_TWO_ENDS
 
 
 def test_bad_input_is_refused_with_status_2(warm):

@@ -8,7 +8,8 @@ from pathlib import Path
 import msgspec
 
 from kbd.caches import import_cache
-from kbd.shared.protocol import ImportCache, Job, Limits
+from kbd.shared.protocol import ImportCache, Job, Limits, Sized, Tensor
+from kbd.shared.shapes import Shape
 from tests.conftest import ROOT
 
 MODULE = "module {\n  func.func @main() {\n    return\n  }\n}\n"
@@ -47,6 +48,24 @@ def test_key_follows_what_the_import_depends_on():
     assert import_cache.key(_job(opt_level=0, tolerance=0.1)) == base
     assert import_cache.key(_job(source_text="class Model: pass\n")) != base
     assert import_cache.key(_job(source="/elsewhere/k.py")) == base  # content, not place
+
+
+def test_runs_at_other_shapes_never_share_an_entry():
+    """The levels entry's input shapes are in the key; at a problem's own shapes (no input
+    specs: `--shapes kernelbench`) the shapes sizing found are."""
+
+    def levels(*dims) -> Job:
+        return _job(inputs=[Tensor(Shape(d, "f32", "rnd")) for d in dims])
+
+    def own(*inputs) -> Job:
+        sized = Sized(list(inputs), [0] * len(inputs), None, 0, None)
+        return _job(shapes="kernelbench", sized=sized)
+
+    assert import_cache.key(levels((8, 8))) != import_cache.key(levels((32, 48)))
+    assert import_cache.key(levels((8, 8))) != import_cache.key(levels((8, 8), (8, 8)))
+    assert import_cache.key(own("8x8xf32")) != import_cache.key(own("32x48xf32"))
+    assert import_cache.key(own("8x8xf32")) != import_cache.key(_job())  # unsized: not a key
+    assert import_cache.key(own("8x8xf32")) == import_cache.key(own("8x8xf32"))
 
 
 def test_entry_round_trips(tmp_path):

@@ -17,16 +17,18 @@ from kbd.plan.catalog import Entry
 from kbd.plan.limits import WORKER_BASE_BYTES
 from kbd.results.record import Record
 from kbd.shared.errors import TemplateError
-from kbd.shared.protocol import Job, Limits
+from kbd.shared.protocol import Job, Limits, Sized
 
 MiB = 1 << 20
 
 
-def plan(name: str, memory: int = MiB, expected_s: float = 1.0, mem_limit=None) -> Planned:
+def plan(
+    name: str, memory: int = MiB, expected_s: float = 1.0, mem_limit=None, mode="import", **job
+) -> Planned:
     kernel = f"level1/{name}.py"
     entry = Entry(kernel, "levels.yaml", None, None, None, None, None, "f32", None)
     job = Job(kernel, kernel, "", None, None, None, "f32", [], 0, 0.01, 1.0, 3,
-              Limits(mem_limit=mem_limit))  # fmt: skip
+              Limits(mem_limit=mem_limit), mode=mode, **job)  # fmt: skip
     return Planned(entry=entry, job=job, memory=memory, expected_s=expected_s)
 
 
@@ -61,7 +63,20 @@ class FakeRunner:
         self.gates[name].set()
 
 
-async def sweep(plans, runner, *, slots, budget=1 << 40, driver=None) -> list[Record]:
+class FakeSizer:
+    """Sizes 'kernels' at once: with the Sized (or the failure Record) the test gives each."""
+
+    def __init__(self, found: dict[str, Sized | Record]):
+        self.found = found
+        self.sized: list[tuple[str, tuple[int, ...]]] = []  # kernel and the cores it had
+
+    async def __call__(self, spawner, entry, job, **kwargs) -> Sized | Record:
+        self.sized.append((entry.name, job.limits.cores))
+        return self.found[entry.name]
+
+
+async def sweep(plans, runner, *, slots, budget=1 << 40, driver=None, size=None) -> list[Record]:
+    size = size or FakeSizer({})
     records: list[Record] = []
     hooks = Hooks(finished=records.append, notice=lambda text: None)
     async with anyio.create_task_group() as group:
@@ -69,7 +84,8 @@ async def sweep(plans, runner, *, slots, budget=1 << 40, driver=None) -> list[Re
             group.start_soon(driver)
         pool = Pool(sorted(core for slot in slots for core in slot), budget)
         await execute(None, plans, pool=pool, jobs=len(slots), timeout=1, log_dir=Path("/none"),
-                      hooks=hooks, run=runner)  # fmt: skip
+                      hooks=hooks, run=runner, size=size)  # fmt: skip
+        assert pool.reserved == 0 and pool.free == pool.cores  # every admission released
     return records
 
 
@@ -186,3 +202,67 @@ def test_two_sweeps_share_one_pool_without_oversubscribing_it():
     assert runner.most_at_once == 2
     assert runner.started == ["level1/a1", "level1/a2", "level1/b1", "level1/b2"]
     assert pool.reserved == 0 and pool.free == [0, 1]
+
+
+def _sized(input_mib: int, flops: int | None = 10**9) -> Sized:
+    return Sized(
+        inputs=[f"{input_mib}x262144xf32"],
+        input_bytes=[input_mib * MiB],
+        output_bytes=input_mib * MiB,
+        param_bytes=0,
+        flops=flops,
+    )
+
+
+def test_kernels_at_their_own_shapes_are_sized_first_and_admitted_by_that_size():
+    """--shapes kernelbench: each kernel is sized on the cores it will have, then skipped or
+    admitted by the estimate of the shapes it has; a failed sizing is that kernel's record."""
+    own = {"shapes": "kernelbench"}
+    failed = Record(kernel="level1/bad", outcome="crash", phase="size", signal="SIGSEGV")
+    sizer = FakeSizer(
+        {"level1/small": _sized(1), "level1/huge": _sized(64 * 1024), "level1/bad": failed}
+    )
+    runner = FakeRunner()
+
+    async def driver():
+        await runner.finish("level1/small")
+
+    plans = [plan("huge", **own), plan("bad", **own), plan("small", **own)]
+    budget = WORKER_BASE_BYTES + 64 * MiB
+    records = anyio.run(
+        lambda: sweep(plans, runner, slots=[(0,)], budget=budget, driver=driver, size=sizer)
+    )
+    by_kernel = {r.kernel: r for r in records}
+    assert [name for name, _ in sizer.sized] == ["level1/huge", "level1/bad", "level1/small"]
+    assert all(cores == (0,) for _, cores in sizer.sized)
+    assert runner.started == ["level1/small"]  # only it fits; none ran unsized
+    huge = by_kernel["level1/huge"]
+    assert (huge.outcome, huge.phase) == ("skipped", "schedule")
+    assert huge.message.startswith("needs about 256.7 GiB for inputs 65536x262144xf32, more than")
+    assert huge.inputs == ["65536x262144xf32"] and huge.shapes == "kernelbench"
+    assert by_kernel["level1/bad"] == failed
+    assert by_kernel["level1/small"].outcome == "pass"
+
+
+def test_a_kernel_in_both_modes_is_sized_once():
+    own = {"shapes": "kernelbench"}
+    sizer = FakeSizer({"level1/k": _sized(1)})
+    runner = FakeRunner()
+
+    async def driver():
+        await runner.finish("level1/k")  # both modes: the gate stays open
+
+    both = [plan("k", mode="import", **own), plan("k", mode="compile", **own)]
+    anyio.run(lambda: sweep(both, runner, slots=[(0,)], driver=driver, size=sizer))
+    assert len(sizer.sized) == 1 and runner.started == ["level1/k", "level1/k"]
+
+
+def test_levels_shapes_are_never_sized():
+    sizer = FakeSizer({})
+    runner = FakeRunner()
+
+    async def driver():
+        await runner.finish("level1/a")
+
+    anyio.run(lambda: sweep([plan("a")], runner, slots=[(0,)], driver=driver, size=sizer))
+    assert sizer.sized == [] and runner.started == ["level1/a"]
