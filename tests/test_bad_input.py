@@ -44,6 +44,19 @@ def with_store(tmp: Path) -> None:
     store.close()
 
 
+def with_kernelbench_sweep(tmp: Path) -> None:
+    """.kbd/results.db holding sweep 1, run at KernelBench's own shapes, one kernel failing;
+    {tmp}/levels.yaml, a copy of the fixture levels file, for update-xfail to leave alone."""
+    store = Store(tmp / ".kbd" / "results.db")
+    own = spec.encode(spec.SweepSpec(shapes="kernelbench"))
+    sweep_id = store.create_sweep("kbd sweep --shapes kernelbench", own, ["level1/1_matmul"], "h")
+    failed = Record(kernel="level1/1_matmul", outcome="mismatch", phase="check", message="m")
+    store.add_attempt(sweep_id, "h", failed)
+    store.set_status(sweep_id, "done")
+    store.close()
+    (tmp / "levels.yaml").write_text(FIXTURE_LEVELS.read_text())
+
+
 # (test id, command line, what its error line must name[, setup]); in the command line FX, K,
 # GEN and IDLE are replaced by the strings above, then {tmp} (the test's folder, also the
 # working directory), {kb} and {levels} (the fixture KernelBench and levels file).
@@ -167,6 +180,12 @@ CASES = [
     ),
     ("update-xfail-missing", "levels update-xfail --levels {tmp}/no.yaml", "no.yaml", with_store),
     ("update-xfail-db-not-a-database", "levels update-xfail --db {tmp}/notadb.db", "notadb"),
+    (
+        "update-xfail-from-kernelbench-shapes",
+        "levels update-xfail --levels {tmp}/levels.yaml",
+        "sweep 1 ran at KernelBench's own shapes (--shapes kernelbench)",
+        with_kernelbench_sweep,
+    ),
     ("levels-unknown-tool", "levels bogus", "bogus"),
 ]
 

@@ -10,6 +10,9 @@ For every kernel of the sweep (default: the latest), by the outcome table
 - a correct result (`pass`, `xpass`) loses the key: the kernel works now;
 - any other outcome (`xfail`, `skipped`) and kernels not in the sweep are left alone.
 
+A sweep at KernelBench's own shapes (`--shapes kernelbench`) is refused: its outcomes are no
+evidence for the shapes the levels entries give.
+
 Files are edited line by line in the generator's layout (`kbd.plan.schema`), so comments stay
 and a regeneration keeps the key. Each file is validated by the catalog before it is written.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 from argparse import Namespace
 from pathlib import Path
 
-from kbd.plan import catalog, schema
+from kbd.plan import catalog, schema, spec
 from kbd.results.record import Record
 from kbd.results.store import Store
 from kbd.shared.errors import InputError
@@ -91,6 +94,11 @@ def run(args: Namespace) -> int:
         raise InputError(f"{path}: no results database (run `kbd sweep` first or pass --db)")
     store = Store(path)
     sweep = store.sweep(args.sweep)
+    if spec.decode(sweep.options, f"{path}: sweep {sweep.id}").shapes == "kernelbench":
+        raise InputError(
+            f"sweep {sweep.id} ran at KernelBench's own shapes (--shapes kernelbench): its "
+            "outcomes say nothing of the levels entries' shapes, whose xfail this writes"
+        )
     records = store.records(sweep.id)
     decided = decisions(records)
     records_dtype = records[0].dtype if records else "f32"
