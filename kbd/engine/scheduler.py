@@ -359,6 +359,7 @@ def _internal_error(plan: Planned, exc: Exception) -> Record:
     return Record(
         kernel=plan.entry.name,
         mode=plan.job.mode,
+        dtype=plan.job.dtype,
         shapes=plan.job.shapes,
         inputs=inputs_of(plan.job),
         outcome="error",
