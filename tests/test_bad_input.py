@@ -170,6 +170,8 @@ CASES = [
     # KernelBench's own shapes need no levels file: there is nothing to generate at them
     ("generate-shapes-kernelbench", "GEN --shapes kernelbench", "--shapes"),
     ("run-shapes-unknown", "run FX --shapes huge K", "--shapes"),
+    # tuned configurations are keyed by a levels entry's input shapes
+    ("tune-shapes-kernelbench", "tune FX --shapes kernelbench K", "--shapes kernelbench"),
     ("update-xfail-unknown-sweep", "levels update-xfail 999", "999", with_store),
     ("update-xfail-without-store", "levels update-xfail", "results.db"),
     (

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from kbd.engine import prepare, scheduler
-from kbd.plan import limits
+from kbd.plan import catalog, limits, pipelines
 from kbd.plan.spec import SweepSpec
 from kbd.shared.protocol import Sized
 from tests.conftest import FIXTURE_KB, json_records, kbd
@@ -175,6 +175,22 @@ def test_cache_keys_include_the_shapes_sizing_found(tmp_path):
         keys = [getattr(p.job, cache).key for p in (plan, at, other, recount)]
         assert keys[1] != keys[0] and keys[2] != keys[1]  # other shapes, other entries
         assert keys[3] == keys[1]  # the same shapes: the same entry
+
+
+def test_no_tuned_configuration_applies_at_a_problems_own_shapes(tmp_path):
+    """Tuned configurations are keyed by input shapes, which a kernel at its own shapes has
+    none of when its pipeline is chosen: with some adopted (for whatever task), the finder
+    gives it the schedule's defaults, as it gives a task no configuration matches."""
+    options = SweepSpec(levels=(str(LEVELS),), kernelbench=str(FIXTURE_KB), cwd=str(tmp_path))
+    entry = catalog.load([LEVELS])[0]  # level1/1_matmul
+    chooser = pipelines.Chooser(options, prepare.SCHEDULES_DIR, {"a-task": {"reg_m": 4}}, 1)
+    path = chooser.descriptor_for(msgspec.structs.replace(entry, family="matmul"))
+    if path is None or chooser.space_of(path) is None:
+        pytest.skip("no tunable matmul schedule for this CPU")
+    own = msgspec.structs.replace(catalog.own_shapes(entry), family="matmul")
+    assert chooser.task(own, path) is None
+    chosen = chooser.choose(own)
+    assert chosen.name == str(path.relative_to(prepare.SCHEDULES_DIR))  # no "(tuned)"
 
 
 def test_a_sized_plan_too_big_for_the_budget_is_skipped_with_its_shapes(tmp_path):

@@ -33,6 +33,12 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
         tuning.set_status(tune_id, "done")
         print(f"kbd tune: imported {len(entries)} tuned configurations from {args.import_file}")
         return 0
+    if args.shapes == "kernelbench":
+        raise InputError(
+            "--shapes kernelbench: kbd tune keys what it adopts by the input shapes of levels "
+            "entries, which a kernel at its problem's own shapes has none of; use --shapes smoke "
+            "or bench, or --levels FILE"
+        )
     if args.budget < 1:
         raise InputError(f"--budget {args.budget}: at least 1")
     if args.search_time <= 0:

@@ -109,8 +109,11 @@ class Chooser:
         return self._spaces[path]
 
     def task(self, entry: Entry, path: Path) -> tuned.TaskKey | None:
-        """The tuning task of `entry` under the tunable schedule at `path` (None: not tunable)."""
-        if self.space_of(path) is None:
+        """The tuning task of `entry` under the tunable schedule at `path` (None: not tunable).
+        A task is keyed by input shapes: an entry that gives none (a kernel at its problem's own
+        shapes, `--shapes kernelbench`, which are known only once it is sized) has no task, so
+        no tuned configuration applies to it."""
+        if self.space_of(path) is None or entry.inputs is None:
             return None
         return tuned.task_key(
             entry,
