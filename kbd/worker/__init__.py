@@ -12,6 +12,8 @@ Its modules, one line each:
 - `seccomp`: a seccomp filter that makes socket(2) fail, for `contain`
 - `job`: one kernel's phases, import mode or compile mode, then bench when asked
 - `ingress`: from a KernelBench problem file to a torch model, its inputs and eager reference
+- `sizing`: a problem's own inputs and one forward measured on the meta device, not made
+  (`--shapes kernelbench`)
 - `state`: model state and randomness in `forward` made explicit, for both modes
 - `decompositions`: decompositions applied at import (cumsum and cumprod; sums in blocks)
 - `norms`: decompositions of the norms into f32 reductions, applied at import
