@@ -129,6 +129,9 @@ def _tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
         if path is None:
             skipped.append(f"kbd tune: {entry.name}: no family schedule for this CPU; skipped")
             continue
+        if entry.inputs is None:
+            skipped.append(f"kbd tune: {entry.name}: its levels entry has no input shapes; skipped")
+            continue
         tunable = space.load(path)
         if tunable is None:
             skipped.append(f"kbd tune: {entry.name}: {path} declares no Tune space; skipped")
