@@ -291,3 +291,23 @@ def test_json_records_of_runs_are_unchanged_by_tuning_tables(tmp_path):
     )
     assert sweep.returncode == 0, sweep.stderr
     assert json_records(sweep.stdout)["level1/2_relu_scale"]["outcome"] == "pass"
+
+
+def test_task_keys_tell_apart_constructor_arguments_and_sources():
+    """Two problems with the same inputs may convolve with other strides (KernelBench's
+    level1/62 and 80 both take 8x32x32x32): their keys differ, and so do two sources."""
+    levels = ROOT / "tests" / "fixtures" / "levels.yaml"
+    entry = next(e for e in catalog.load([levels]) if e.name == "level1/4_conv2d")
+    other = type(entry)(**{f: getattr(entry, f) for f in entry.__struct_fields__})
+    strided = type(entry)(
+        **{**{f: getattr(entry, f) for f in entry.__struct_fields__}, "init_args": [3, 4, 5]}
+    )
+
+    def key(e, source="x"):
+        return tuned.task_key(
+            e, "d.yaml", [], source, arch="x86_64", features=[], cpu="c", threads=1
+        )
+
+    assert key(entry) == key(other)
+    assert key(entry).hash() != key(strided).hash()
+    assert key(entry).hash() != key(entry, "y").hash()

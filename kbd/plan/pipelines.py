@@ -29,9 +29,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from kbd.plan import descriptor, space, target, tuned
+from kbd.plan import catalog, descriptor, space, target, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.spec import SweepSpec
+from kbd.shared.errors import InputError
 from kbd.shared.protocol import FOUND_AT_RUN_TIME, FamilyPipeline, Stage
 
 
@@ -115,15 +116,27 @@ class Chooser:
         no tuned configuration applies to it."""
         if self.space_of(path) is None or entry.inputs is None:
             return None
+        try:
+            name = str(path.relative_to(self.schedules_dir))
+        except ValueError:  # a descriptor of the user's own (`kbd tune --pipeline`)
+            name = str(path)
         return tuned.task_key(
             entry,
-            str(path.relative_to(self.schedules_dir)),
+            name,
             self._resolve(str(path)),
+            self._source(entry),
             arch=self.arch,
             features=self.features,
             cpu=target.cpu_model(),
             threads=self.threads,
         )
+
+    def _source(self, entry: Entry) -> str:
+        """The problem's source text ("" when unreadable: planning reports that itself)."""
+        try:
+            return (catalog.kernelbench_root(self.options.kernelbench) / entry.kernel).read_text()
+        except (OSError, UnicodeDecodeError, InputError):
+            return ""
 
     def families(self, dtype: str) -> dict[str, FamilyPipeline]:
         """Every family with a schedule for the target and `dtype`, with its pipeline."""

@@ -2,9 +2,11 @@
 tasks, as the finder applies them.
 
 A task key holds everything a timing depends on: the schedule (its descriptor, the hash of its
-resolved default stages, which carry every transform script's text), the kernel's element type
-and input shapes, the architecture, CPU features and model, the threads per worker, and the
-torch-mlir version. The finder applies a tuned configuration on an exact key match only.
+resolved default stages, which carry every transform script's text), the kernel (its source,
+element type, input shapes and constructor arguments: two problems with the same inputs may
+convolve with different strides), the architecture, CPU features and model, the threads per
+worker, and the torch-mlir version. The finder applies a tuned configuration on an exact key
+match only.
 
 Tuned configurations come from the results store (`kbd tune`, or `kbd tune --import FILE`) and
 from the repository's reviewed `schedules/tuned.jsonl`, one JSON object per line, what
@@ -33,6 +35,8 @@ class TaskKey(msgspec.Struct, frozen=True, kw_only=True):
     schedule_hash: str  # the default configuration's resolved stages
     dtype: str
     inputs: list[str]  # the kernel's input shapes, e.g. ["1024x1024", "1024x1024"]
+    init_args: str  # its constructor's arguments (a convolution's kernel size, stride, ...)
+    source: str  # hash of the problem's source: the ops around the tuned one, their order
     arch: str
     features: list[str]
     cpu: str
@@ -69,6 +73,7 @@ def task_key(
     entry: Entry,
     descriptor: str,
     default_stages: list[Stage],
+    source: str,
     *,
     arch: str,
     features: list[str],
@@ -81,6 +86,8 @@ def task_key(
         schedule_hash=stages_hash(default_stages),
         dtype=entry.dtype,
         inputs=[_describe(i) for i in entry.inputs],
+        init_args=repr(entry.init_args),
+        source=hashlib.sha256(source.encode()).hexdigest()[:16],
         arch=arch,
         features=list(features),
         cpu=cpu,

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from kbd.engine import prepare, scheduler, spawner
-from kbd.plan import limits, space, target, tuned
+from kbd.plan import limits, space, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.space import Config, Space
 from kbd.plan.spec import SweepSpec, TuneDefaults
@@ -136,28 +136,9 @@ def _tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
         if tunable is None:
             skipped.append(f"kbd tune: {entry.name}: {path} declares no Tune space; skipped")
             continue
-        key = _task_key(chooser, entry, path)
+        key = chooser.task(entry, path)
         tasks.append(Task(entry, path, tunable, key, tunable.configs(target)))
     return tasks, skipped
-
-
-def _task_key(chooser, entry: Entry, path: Path) -> tuned.TaskKey:
-    default = prepare.descriptor.resolve_pipeline(
-        [str(path)], schedules_dir=prepare.SCHEDULES_DIR, cwd=Path.cwd()
-    )
-    try:
-        name = str(path.relative_to(chooser.schedules_dir))
-    except ValueError:
-        name = str(path)
-    return tuned.task_key(
-        entry,
-        name,
-        default,
-        arch=chooser.arch,
-        features=chooser.features,
-        cpu=target.cpu_model(),
-        threads=chooser.threads,
-    )
 
 
 def _execute(options: TuneSpec, tasks: list[Task], tuning: TuningStore, tune_id: int, log_dir):
