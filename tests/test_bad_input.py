@@ -109,6 +109,16 @@ CASES = [
     ("sweep-db-is-a-folder", "sweep FX --db {tmp} K", "{tmp}: is a folder"),
     ("sweep-detach-without-daemon", "sweep FX --detach --no-daemon K", "--detach"),
     ("sweep-cluster-blank", "sweep FX --cluster ' ' K", "--cluster"),
+    # kbd tune
+    ("tune-budget-0", "tune FX --budget 0 K", "--budget 0"),
+    ("tune-json", "tune FX --json K", "--json: not an option of kbd tune"),
+    ("tune-mode-both", "tune FX --mode both K", "--mode both"),
+    ("tune-two-pipelines", "tune FX --pipeline a.yaml --pipeline b.yaml K", "--pipeline"),
+    ("tune-pipeline-missing", "tune FX --pipeline {tmp}/no.yaml K", "{tmp}/no.yaml"),
+    ("tune-resume-empty-store", "tune FX --resume", "no tuning session"),
+    ("tune-import-missing", "tune --import {tmp}/no.jsonl", "{tmp}/no.jsonl"),
+    ("tune-export-under-a-file", "tune --export {tmp}/afile/x.jsonl", "--export"),
+    ("tune-no-tunable-schedule", "tune FX level1/2_", "nothing to tune"),
     # kbd attach and cancel (neither starts a daemon)
     ("attach-unknown-sweep", "attach 999", "999", with_store),
     ("attach-without-store", "attach 999", "results.db"),

@@ -39,6 +39,26 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
             "entries, which a kernel at its problem's own shapes has none of; use --shapes smoke "
             "or bench, or --levels FILE"
         )
+    unsupported = [
+        name
+        for name, given in (
+            ("--json", args.json),
+            ("--junit", args.junit),
+            ("--daemon", args.daemon == "yes"),
+            ("--mode " + args.mode, args.mode != "import"),
+            ("--baseline", bool(args.baseline)),
+            ("--print-mlir-after-all", args.print_mlir_after_all),
+            ("--print-original-module", args.print_original_module),
+            ("--print-optimized-module", args.print_optimized_module),
+            ("--object-file", args.object_file),
+            ("--dump-assembly", args.dump_assembly),
+        )
+        if given
+    ]
+    if unsupported:
+        raise InputError(
+            f"{unsupported[0]}: not an option of kbd tune (it runs here, in import mode)"
+        )
     if args.budget < 1:
         raise InputError(f"--budget {args.budget}: at least 1")
     if args.search_time <= 0:

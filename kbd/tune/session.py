@@ -68,9 +68,9 @@ def run(options: TuneSpec, db: Path, resume: str | None, log_dir: Path | None, c
         tune_id = None
     tasks, skipped = _tasks(options)
     if not tasks:
-        for line in skipped:
-            print(line, file=sys.stderr)
-        raise InputError("nothing to tune: no selected kernel has a tunable schedule")
+        first = skipped[0].removeprefix("kbd tune: ").removesuffix("; skipped")
+        more = f" (and {len(skipped) - 1} more kernels)" if len(skipped) > 1 else ""
+        raise InputError(f"nothing to tune: {first}{more}")
     if tune_id is None:
         tune_id = tuning.create(command, msgspec.json.encode(options).decode())
     log_dir = log_dir or Path(".kbd") / "logs" / f"tune-{tune_id}"
@@ -127,7 +127,12 @@ def _tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
         else:
             path = chooser.descriptor_for(entry)
         if path is None:
-            skipped.append(f"kbd tune: {entry.name}: no family schedule for this CPU; skipped")
+            why = (
+                "its levels entry names no family (--pipeline names a descriptor to tune)"
+                if entry.schedule_family is None
+                else f"no {entry.schedule_family} {entry.dtype} schedule for this CPU"
+            )
+            skipped.append(f"kbd tune: {entry.name}: {why}; skipped")
             continue
         if entry.inputs is None:
             skipped.append(f"kbd tune: {entry.name}: its levels entry has no input shapes; skipped")
