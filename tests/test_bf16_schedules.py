@@ -28,6 +28,7 @@ MATMUL_CASES = [
     (Matmul, [(64, 64), (64, 64)], True),  # whole register tiles and panels
     (Matmul, [(100, 64), (64, 1000)], True),  # rows padded to whole tiles, a padded panel
     (Matmul, [(13, 70), (70, 1)], True),  # one column: one panel, mostly padding
+    (Matmul, [(20, 1100), (1100, 40)], True),  # padded rows and a K loop of three blocks
     (TwoMatmuls, [(40, 32), (32, 32)], True),  # the second product's A is a bf16 ReLU
     (Matmul, [(37, 37), (37, 37)], False),  # odd K: not packed by two, the f32 schedule
     (LinearRelu, [(8, 64), (48, 64), (48,)], False),  # a few rows: the weight read in place
@@ -36,6 +37,7 @@ MATMUL_CASES = [
 BATCH_MATMUL_CASES = [
     (Bmm, [(2, 64, 32), (2, 32, 64)], True),
     (Bmm, [(3, 20, 24), (3, 24, 37)], True),  # partial tiles in M and N
+    (Bmm, [(2, 12, 600), (2, 600, 32)], True),  # padded rows and a K loop
     (Bmm, [(2, 8, 7), (2, 7, 16)], False),  # odd K
     (Matmul, [(16, 32), (32, 16)], False),  # a plain matmul: not this schedule's, f32
 ]

@@ -90,16 +90,17 @@ module attributes {transform.with_named_sequence} {
                                                !transform.op<"tensor.extract_slice">,
                                                !transform.op<"linalg.copy">)
     }
-    %k_blocks, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, $block_k]
-      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     // Rows of A and C padded to whole register tiles (with zeros, where M is not a multiple of
-    // $reg_m or a block is cut short): a folded no-op where they are whole already.
-    %whole_rows, %pads, %copy_back = transform.structured.pad %k_blocks
+    // $reg_m or a block is cut short), once per block, before its K loop (whose iterations then
+    // carry the padded C): a folded no-op where they are whole already.
+    %whole_rows, %pads, %copy_back = transform.structured.pad %blocks
         pad_to_multiple_of [$reg_m] {
           padding_values = [0.0 : bf16, 0.0 : bf16, 0.0 : f32], padding_dimensions = [1],
           copy_back_op = "none"
         } : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
-    %tile, %loops:4 = transform.structured.tile_using_for %whole_rows
+    %k_blocks, %kloop = transform.structured.tile_using_for %whole_rows tile_sizes [0, 0, 0, $block_k]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %tile, %loops:4 = transform.structured.tile_using_for %k_blocks
         tile_sizes [1, $reg_m, 1, 1]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
                                 !transform.any_op, !transform.any_op)
