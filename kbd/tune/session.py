@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from kbd.engine import prepare, scheduler, spawner
-from kbd.plan import limits, space, tuned
+from kbd.plan import descriptor, limits, space, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.space import Config, Space
 from kbd.plan.spec import SweepSpec, TuneDefaults
@@ -52,6 +52,7 @@ class Task:
     space: Space
     key: tuned.TaskKey
     configs: list[Config]
+    planned: scheduler.Planned  # the kernel's job, whose pipeline each candidate replaces
     trials: list[Trial] = field(default_factory=list)
     outcome: str = ""  # the summary's verdict
 
@@ -116,7 +117,11 @@ def _decode(text: str, where: str) -> TuneSpec:
 
 def _tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
     """One task per selected kernel with a tunable schedule; lines saying why others have none."""
-    sweep = msgspec.structs.replace(options.sweep, tuned=False, pipeline=())
+    # Candidates are timed (the JIT's -O of a benchmark) and not compile-cached (a tune would
+    # flush the cache's useful entries with configurations that lose).
+    sweep = msgspec.structs.replace(
+        options.sweep, tuned=False, pipeline=(), compile_cache=False, bench=BenchOptions()
+    )
     chooser = prepare.chooser_for(sweep, None)
     target = space.target_for(chooser.features)
     tasks, skipped = [], []
@@ -142,7 +147,7 @@ def _tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
             skipped.append(f"kbd tune: {entry.name}: {path} declares no Tune space; skipped")
             continue
         key = chooser.task(entry, path)
-        tasks.append(Task(entry, path, tunable, key, tunable.configs(target)))
+        tasks.append(Task(entry, path, tunable, key, tunable.configs(target), planned))
     return tasks, skipped
 
 
@@ -291,21 +296,18 @@ def _label(kernel: str, counter) -> str:
 
 
 def _plan(options: TuneSpec, task: Task, config: Config, bench: BenchOptions, counter):
-    """The planned run of one configuration: the kernel with the descriptor at `config`, named
-    `<kernel>@<n>` (its log, its record) so that candidates of one kernel run side by side."""
-    full = {**task.space.default(), **config}
-    sweep = msgspec.structs.replace(
-        options.sweep,
-        kernels=(task.entry.name,),
-        pipeline=(space.spec(str(task.path), full),),
-        tuned=False,
-        bench=bench,
-        dtype=task.entry.dtype,
-        compile_cache=False,
+    """The planned run of one configuration: the kernel's job with the descriptor at `config`,
+    named `<kernel>@<n>` (its log, its record) so that candidates of one kernel run side by
+    side."""
+    pipeline = space.spec(str(task.path), {**task.space.default(), **config})
+    stages = descriptor.resolve_pipeline(
+        [pipeline], schedules_dir=prepare.SCHEDULES_DIR, cwd=Path(options.sweep.cwd)
     )
-    (planned,) = [p for p in prepare.plan(sweep, None) if p.entry.name == task.entry.name]
-    entry = msgspec.structs.replace(planned.entry, kernel=f"{_label(task.entry.name, counter)}.py")
-    return scheduler.Planned(entry=entry, job=planned.job, memory=planned.memory, expected_s=1.0)
+    job = msgspec.structs.replace(
+        task.planned.job, stages=stages, pipeline=pipeline, families={}, bench=bench
+    )
+    entry = msgspec.structs.replace(task.entry, kernel=f"{_label(task.entry.name, counter)}.py")
+    return scheduler.Planned(entry=entry, job=job, memory=task.planned.memory, expected_s=1.0)
 
 
 def _seeds(tuning: TuningStore, task: Task) -> list[Config]:
