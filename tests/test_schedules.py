@@ -32,6 +32,14 @@ class Matmul(torch.nn.Module):
         return a @ b
 
 
+class TensorMatrixEinsum(torch.nn.Module):
+    """KernelBench's 4-D tensor-matrix product: imported as a batch matmul of one batch over the
+    collapsed operands, then a transpose that moves a unit dim of the result."""
+
+    def forward(self, a, b):
+        return torch.einsum("bijl,lk->bijk", a, b)
+
+
 class TwoMatmuls(torch.nn.Module):
     def forward(self, a, b):
         return torch.relu(a @ b) @ b
@@ -192,6 +200,7 @@ CASES = {
         (LinearRelu, [(8, 64), (192, 64), (192,)]),  # W's transpose folded: matmul-transposed-b
         (LinearRelu, [(11, 37), (70, 37), (70,)]),  # partial tiles in M, N and K
         (LinearRelu, [(130, 40), (24, 40), (24,)]),  # too many rows to fold: matmul.mlir
+        (TensorMatrixEinsum, [(2, 3, 5, 24), (24, 40)]),  # kbd-unit-dims-as-reshapes first
     ],
     "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
     "element_wise": [
@@ -436,6 +445,33 @@ def test_a_kernel_runs_its_family_schedule_and_the_record_names_it(family_run):
         model = kernel.Model(*kernel.get_init_inputs())
         assert families.family_of(model, kernel.get_inputs()) == "norm"
         assert records["level1/8_group_layer_norm"]["pipeline"] == "x86_64/norm/f32.yaml"
+
+
+def test_a_one_batch_product_and_a_unit_dim_transpose_become_a_matmul_and_reshapes():
+    """kbd-unit-dims-as-reshapes: the einsum's batch matmul of one batch becomes the
+    linalg.matmul the matmul schedule tiles (with a fill of its own, which the schedule fuses),
+    and the transpose that only moves a unit dim is no copy; a real batch matmul and a real
+    transpose are left alone."""
+    stage = descriptor.resolve_pipeline(
+        ["kbd-unit-dims-as-reshapes"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    args = [torch.randn(2, 3, 5, 24), torch.randn(24, 40)]
+    module = mlir.import_model(TensorMatrixEinsum(), args)
+    before = str(module)
+    assert "linalg.batch_matmul" in before and "linalg.transpose" in before
+    mlir.apply_stage(module, stage)
+    after = str(module)
+    assert "linalg.batch_matmul" not in after and "linalg.transpose" not in after
+    assert "linalg.matmul" in after and "linalg.fill" in after
+    assert "tensor<30x24xf32>, tensor<24x40xf32>) outs(" in after
+
+    class Transposes(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.bmm(a, b).transpose(1, 2)
+
+    module = mlir.import_model(Transposes(), [torch.randn(2, 4, 8), torch.randn(2, 8, 3)])
+    mlir.apply_stage(module, stage)
+    assert "linalg.batch_matmul" in str(module) and "linalg.transpose" in str(module)
 
 
 def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(family_run):

@@ -21,6 +21,7 @@ TRANSFORM_ENTRY = "__transform_main"
 # kbd's own rewrites, by the name a `pass:` stage gives them (not MLIR passes).
 REWRITES = {
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
+    "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,

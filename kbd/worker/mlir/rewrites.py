@@ -397,3 +397,99 @@ def flatten_whole_tensor_transfers(module: ir.Module) -> int:
                 op.erase()
                 changed += 1
     return changed
+
+
+def _unit_dims_reassociation(shape: list[int]) -> list[list[int]]:
+    """The reassociation that collapses `shape`'s unit dims into their neighbours: each unit dim
+    joins the group of the next dim that is not one (the last group when none follows)."""
+    groups: list[list[int]] = []
+    pending: list[int] = []
+    for dim, extent in enumerate(shape):
+        pending.append(dim)
+        if extent != 1:
+            groups.append(pending)
+            pending = []
+    if pending:
+        groups[-1].extend(pending)
+    return groups
+
+
+def _without_batch(value: ir.Value, batched: ir.RankedTensorType) -> ir.Value:
+    """`value` (of type `batched`, one batch) without its batch dim: the source of the
+    expand_shape that added it, a new fill of a new empty tensor for a fill of an empty one (so
+    the schedules still find the matmul's fill as its init's producer), else a collapse_shape."""
+    target = ir.RankedTensorType.get(batched.shape[1:], batched.element_type)
+    made = producer(value)
+    if made is not None and made.name == "tensor.expand_shape" and made.operands[0].type == target:
+        return made.operands[0]
+    if made is not None and made.name == "linalg.fill":
+        init = producer(made.operands[1])
+        if init is not None and init.name == "tensor.empty":
+            empty = tensor.empty(target.shape, target.element_type)
+            return linalg.fill(made.operands[0], outs=[empty])
+    return tensor.collapse_shape(target, value, [[0, 1], [2]])
+
+
+def unit_dims_as_reshapes(module: ir.Module) -> int:
+    """Make each `linalg.batch_matmul` of one batch a `linalg.matmul` between reshapes, and each
+    `linalg.transpose` that only moves unit dims a reshape (the `kbd-unit-dims-as-reshapes`
+    stage); returns how many ops changed.
+
+    torch-mlir imports an einsum such as `bijl,lk->bijk` as a batch matmul of one batch over
+    the collapsed operands, then moves a unit dim of the result with a transpose: the matmul
+    schedules match `linalg.matmul` only, so the product fell to the loop lowering, and the
+    transpose copied the whole result."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        plain = [  # C[b, m, n] += A[b, m, k] * B[b, k, n]
+            ir.AffineMapAttr.get(ir.AffineMap.get(4, 0, [ir.AffineDimExpr.get(d) for d in dims]))
+            for dims in ((0, 1, 3), (0, 3, 2), (0, 1, 2))
+        ]
+        for op in ops_named(module, "linalg.batch_matmul"):
+            op = op.operation
+            types = [ir.RankedTensorType(v.type) for v in op.operands]
+            if (
+                list(ir.ArrayAttr(op.attributes["indexing_maps"])) != plain
+                or len(types) != 3
+                or not all(t.has_static_shape and t.shape[0] == 1 for t in types)
+            ):
+                continue
+            batch = [[0, 1], [2]]
+            with ir.InsertionPoint(op), op.location:
+                a, b, c = (_without_batch(v, t) for t, v in zip(types, op.operands, strict=True))
+                product = linalg.matmul(a, b, outs=[c], indexing_maps=_matmul_maps((2, 1)))
+                result = tensor.expand_shape(types[2], product, batch, [], types[2].shape)
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+            changed += 1
+        for op in ops_named(module, "linalg.transpose"):
+            op = op.operation
+            source = ir.RankedTensorType(op.operands[0].type)
+            target = ir.RankedTensorType(op.results[0].type)
+            permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+            moved = [d for d in permutation if source.shape[d] != 1]
+            if (
+                not source.has_static_shape
+                or moved != sorted(moved)
+                or moved == permutation
+                or not moved
+            ):
+                continue
+            with ir.InsertionPoint(op), op.location:
+                rank_reduced = ir.RankedTensorType.get(
+                    [source.shape[d] for d in moved], source.element_type
+                )
+                collapsed = tensor.collapse_shape(
+                    rank_reduced, op.operands[0], _unit_dims_reassociation(list(source.shape))
+                )
+                result = tensor.expand_shape(
+                    target,
+                    collapsed,
+                    _unit_dims_reassociation(list(target.shape)),
+                    [],
+                    list(target.shape),
+                )
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+            changed += 1
+    return changed
