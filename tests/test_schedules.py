@@ -227,6 +227,12 @@ CASES = {
         (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
         (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
+        # strided: kbd-strided-convs-as-phases first (16 phases of 3x3; one phase of 1x1; three
+        # phases of 3 taps, dilation 4 and stride 3 coprime; a stride in one dim only)
+        (functools.partial(Conv, (6, 3, 11, 11), stride=4, padding=2), [(2, 3, 40, 37)]),
+        (functools.partial(Conv, (8, 4, 1, 1), stride=2), [(2, 4, 16, 15)]),
+        (functools.partial(Conv, (6, 4, 3), stride=3, dilation=4), [(2, 4, 100)]),
+        (functools.partial(Conv, (6, 4, 7, 7), stride=(2, 1), padding=3), [(1, 4, 20, 21)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),
@@ -472,6 +478,42 @@ def test_a_one_batch_product_and_a_unit_dim_transpose_become_a_matmul_and_reshap
     module = mlir.import_model(Transposes(), [torch.randn(2, 4, 8), torch.randn(2, 8, 3)])
     mlir.apply_stage(module, stage)
     assert "linalg.batch_matmul" in str(module) and "linalg.transpose" in str(module)
+
+
+@pytest.mark.parametrize(
+    ("conv", "shape", "rewritten"),
+    [
+        # 11x11, stride 4: 4 x 4 phases of 3 input channels, a 3x3 kernel at dilation 1
+        (functools.partial(Conv, (6, 3, 11, 11), stride=4), (1, 3, 39, 39), "tensor<6x48x3x3xf32>"),
+        # 1x1, stride 2: the input subsampled, one phase
+        (functools.partial(Conv, (8, 4, 1, 1), stride=2), (1, 4, 16, 15), "tensor<8x4x1x1xf32>"),
+        # dilation 4, a multiple of stride 2: one phase, dilation 2
+        (functools.partial(Conv, (6, 4, 3), stride=2, dilation=4), (2, 4, 50), "tensor<6x4x3xf32>"),
+        # dilation 4, stride 3: phases 0, 1, 2 with offsets 0, 1, 2
+        (
+            functools.partial(Conv, (6, 4, 3), stride=3, dilation=4),
+            (2, 4, 50),
+            "tensor<6x12x3xf32>",
+        ),
+    ],
+)
+def test_a_strided_convolution_becomes_a_stride_one_convolution_over_phases(conv, shape, rewritten):
+    """kbd-strided-convs-as-phases leaves no strided convolution, and the new one's kernel has
+    the input channels times the phases used; a stride-1 convolution is left alone."""
+    stage = descriptor.resolve_pipeline(
+        ["kbd-strided-convs-as-phases"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    module = mlir.import_model(conv(), [torch.randn(shape)])
+    assert "strides = dense<1>" not in str(module)
+    mlir.apply_stage(module, stage)
+    text = str(module)
+    conv_line = next(line for line in text.splitlines() if "linalg.conv_" in line)
+    assert "strides = dense<1>" in conv_line and rewritten in conv_line
+
+    module = mlir.import_model(Conv((4, 3, 3, 3)), [torch.randn(1, 3, 9, 9)])
+    before = str(module)
+    mlir.apply_stage(module, stage)
+    assert str(module) == before
 
 
 def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(family_run):

@@ -12,7 +12,7 @@
 // columns (then 1 to 3), peeled so that every tile has a static width that is a power of two:
 // the conv vectorizer needs static shapes, and LLVM splits odd widths such as <24 x f32> into
 // slow shuffles. Filters that $reg_f does not divide end in one narrower tile, peeled too.
-// Strided convolutions are correct but slower (the vectorizer unrolls the output columns);
+// Strided convolutions are rewritten into stride-1 ones first (kbd-strided-convs-as-phases);
 // grouped and depthwise convolutions (other linalg ops) are left to the loop lowering.
 // Runs on linalg-on-tensors, before bufferization.
 module attributes {transform.with_named_sequence} {

@@ -1,0 +1,171 @@
+"""Strided convolutions as stride-1 convolutions over the input's phases (the
+`kbd-strided-convs-as-phases` stage).
+
+A convolution of stride s reads input position o * s + t for output o and tap t = k * d (kernel
+index k, dilation d). Writing t = i * s + p (phase p = t mod s, offset i = t div s), that is
+position (o + i) * s + p: row o + i of the input's phase p (every s-th position from p). So the
+convolution is a stride-1 convolution whose input channels are the input's channels times its
+phases and whose kernel holds tap k at (phase p, offset i), zeros elsewhere. kbd's conv2d
+schedule vectorizes stride-1 convolutions along contiguous output columns; a strided one it can
+only unroll column by column (the input row it reads is not contiguous), an order of magnitude
+slower. The price: the phased input is one copy of the input, and the kernel may gain zero taps
+(an 11x11 kernel of stride 4 becomes 16 phases of 3x3: 144 taps for 121; a 1x1 kernel of stride
+2 gains none: one phase of 1x1, the input subsampled).
+
+Per spatial dim, with stride s, dilation d and kernel size K:
+- s == 1: left as it is (one phase, same kernel and dilation);
+- d a multiple of s: one phase, the same K taps at dilation d / s;
+- otherwise the phases used must be 0 .. m-1 (true for d == 1, and for d and s coprime with
+  K >= s); the new kernel has max(i) + 1 taps at dilation 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, linalg, tensor
+
+from kbd.worker.mlir.walk import ops_named
+
+CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw": 2, "linalg.conv_1d_ncw_fcw": 1}
+
+
+@dataclass(frozen=True)
+class Dim:
+    """How one spatial dim of a convolution is rewritten."""
+
+    stride: int
+    phases: int  # m: phases of the input this dim uses (0 .. m-1)
+    rows: int  # Y: rows of each phase the stride-1 convolution reads
+    taps: list[tuple[int, int]]  # per kernel index k: (phase p, offset i)
+    kernel: int  # K': the new kernel's size
+    dilation: int  # the new convolution's dilation
+
+
+def _dim(stride: int, dilation: int, kernel: int, output: int, size: int) -> Dim | None:
+    if stride == 1:
+        return Dim(1, 1, size, [(0, k) for k in range(kernel)], kernel, dilation)
+    if dilation % stride == 0:
+        taps = [(0, k) for k in range(kernel)]
+        new_dilation = dilation // stride
+        new_kernel = kernel
+    else:
+        taps = [((k * dilation) % stride, (k * dilation) // stride) for k in range(kernel)]
+        new_dilation = 1
+        new_kernel = max(i for _, i in taps) + 1
+    phases = sorted({p for p, _ in taps})
+    if phases != list(range(len(phases))):
+        return None
+    rows = output + (new_kernel - 1) * new_dilation
+    return Dim(stride, len(phases), rows, taps, new_kernel, new_dilation)
+
+
+def _ints(op, name: str) -> list[int]:
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
+
+
+def strided_convs_as_phases(module: ir.Module) -> int:
+    """Rewrite every strided NCHW/FCHW (or NCW/FCW) convolution of static shapes into a stride-1
+    convolution over the input's phases; returns how many were rewritten."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for name, spatial in CONVOLUTIONS.items():
+            for op in ops_named(module, name):
+                op = op.operation
+                strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
+                types = [ir.RankedTensorType(v.type) for v in op.operands]
+                if all(s == 1 for s in strides) or not all(t.has_static_shape for t in types):
+                    continue
+                image, weight, out = (list(t.shape) for t in types)
+                dims = [
+                    _dim(strides[j], dilations[j], weight[2 + j], out[2 + j], image[2 + j])
+                    for j in range(spatial)
+                ]
+                if any(d is None for d in dims):
+                    continue
+                with ir.InsertionPoint(op), op.location:
+                    phased = _phased_input(op.operands[0], types[0], dims)
+                    kernel = _phased_kernel(op.operands[1], types[1], dims)
+                    conv = getattr(linalg, name.removeprefix("linalg."))
+                    new = conv(
+                        phased,
+                        kernel,
+                        outs=[op.operands[2]],
+                        strides=[1] * spatial,
+                        dilations=[d.dilation for d in dims],
+                    )
+                op.results[0].replace_all_uses_with(new)
+                op.erase()
+                changed += 1
+    return changed
+
+
+def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
+    zero = arith.constant(element, 0.0)
+    return linalg.fill(zero, outs=[tensor.empty(shape, element)])
+
+
+def _slice(value: ir.Value, element, offsets, sizes, result_shape=None) -> ir.Value:
+    result = ir.RankedTensorType.get(result_shape or sizes, element)
+    return tensor.extract_slice(result, value, [], [], [], offsets, sizes, [1] * len(sizes))
+
+
+def _insert(value: ir.Value, into: ir.Value, offsets, sizes) -> ir.Value:
+    return tensor.InsertSliceOp(value, into, [], [], [], offsets, sizes, [1] * len(sizes)).result
+
+
+def _phased_input(image: ir.Value, image_type, dims: list[Dim]) -> ir.Value:
+    """[N, C, I...] -> [N, C * m..., Y...]: each spatial dim padded with zeros (or cut) to Y * s
+    positions, split into Y rows of s phases, phases 0 .. m-1 kept and moved next to C."""
+    element = image_type.element_type
+    n, c, *sizes = image_type.shape
+    spatial = len(dims)
+    wanted = [d.rows * d.stride for d in dims]
+    if wanted != sizes:
+        kept = [min(w, s) for w, s in zip(wanted, sizes, strict=True)]
+        if kept != sizes:
+            image = _slice(image, element, [0] * (2 + spatial), [n, c, *kept])
+        if kept != wanted:
+            image = _insert(image, _zeros([n, c, *wanted], element), [0] * (2 + spatial),
+                            [n, c, *kept])  # fmt: skip
+    split = [n, c] + [x for d in dims for x in (d.rows, d.stride)]
+    groups = [[0], [1]] + [[2 + 2 * j, 3 + 2 * j] for j in range(spatial)]
+    image = tensor.expand_shape(ir.RankedTensorType.get(split, element), image, groups, [], split)
+    phases = [n, c] + [x for d in dims for x in (d.rows, d.phases)]
+    if phases != split:
+        image = _slice(image, element, [0] * len(split), phases)
+    # [N, C, Y1, m1, Y2, m2] -> [N, C, m1, m2, Y1, Y2]
+    order = [0, 1] + [3 + 2 * j for j in range(spatial)] + [2 + 2 * j for j in range(spatial)]
+    moved = [phases[i] for i in order]
+    image = linalg.transpose(image, outs=[tensor.empty(moved, element)], permutation=order)
+    channels = c
+    for d in dims:
+        channels *= d.phases
+    result = [n, channels] + [d.rows for d in dims]
+    groups = [[0], list(range(1, 2 + spatial))] + [[2 + spatial + j] for j in range(spatial)]
+    return tensor.collapse_shape(ir.RankedTensorType.get(result, element), image, groups)
+
+
+def _phased_kernel(weight: ir.Value, weight_type, dims: list[Dim]) -> ir.Value:
+    """[F, C, K...] -> [F, C * m..., K'...]: tap k of each dim at (phase p, offset i), zeros
+    elsewhere (one slice copied per tap)."""
+    element = weight_type.element_type
+    f, c, *sizes = weight_type.shape
+    spatial = len(dims)
+    shape = [f, c] + [d.phases for d in dims] + [d.kernel for d in dims]
+    kernel = _zeros(shape, element)
+    taps: list[list[int]] = [[]]
+    for j in range(spatial):
+        taps = [[*tap, k] for tap in taps for k in range(sizes[j])]
+    for tap in taps:
+        column = _slice(weight, element, [0, 0, *tap], [f, c] + [1] * spatial, [f, c])
+        placed = [dims[j].taps[k] for j, k in enumerate(tap)]
+        offsets = [0, 0] + [p for p, _ in placed] + [i for _, i in placed]
+        kernel = _insert(column, kernel, offsets, [f, c] + [1] * (2 * spatial))
+    channels = c
+    for d in dims:
+        channels *= d.phases
+    result = [f, channels] + [d.kernel for d in dims]
+    groups = [[0], list(range(1, 2 + spatial))] + [[2 + spatial + j] for j in range(spatial)]
+    return tensor.collapse_shape(ir.RankedTensorType.get(result, element), kernel, groups)
