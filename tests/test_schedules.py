@@ -228,11 +228,13 @@ CASES = {
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
         (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
         # strided: kbd-strided-convs-as-phases first (16 phases of 3x3; one phase of 1x1; three
-        # phases of 3 taps, dilation 4 and stride 3 coprime; a stride in one dim only)
+        # taps gathered, dilation 4 and stride 3 coprime; a stride in one dim only; 3x3 taps
+        # gathered)
         (functools.partial(Conv, (6, 3, 11, 11), stride=4, padding=2), [(2, 3, 40, 37)]),
         (functools.partial(Conv, (8, 4, 1, 1), stride=2), [(2, 4, 16, 15)]),
         (functools.partial(Conv, (6, 4, 3), stride=3, dilation=4), [(2, 4, 100)]),
         (functools.partial(Conv, (6, 4, 7, 7), stride=(2, 1), padding=3), [(1, 4, 20, 21)]),
+        (functools.partial(Conv, (5, 4, 3, 3), stride=2, padding=1), [(2, 4, 17, 16)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),
@@ -489,11 +491,20 @@ def test_a_one_batch_product_and_a_unit_dim_transpose_become_a_matmul_and_reshap
         (functools.partial(Conv, (8, 4, 1, 1), stride=2), (1, 4, 16, 15), "tensor<8x4x1x1xf32>"),
         # dilation 4, a multiple of stride 2: one phase, dilation 2
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=4), (2, 4, 50), "tensor<6x4x3xf32>"),
-        # dilation 4, stride 3: phases 0, 1, 2 with offsets 0, 1, 2
+        # dilation 4, stride 3: phases 0, 1, 2 with offsets 0, 1, 2 would be 9 slots for 3
+        # taps; each tap's rows are gathered instead, a kernel of size 1
         (
             functools.partial(Conv, (6, 4, 3), stride=3, dilation=4),
             (2, 4, 50),
-            "tensor<6x12x3xf32>",
+            "tensor<6x12x1xf32>",
+        ),
+        # 3x3, stride 2: 2 phases of 2 taps per dim would be 16 slots for 9: gathered
+        (functools.partial(Conv, (5, 4, 3, 3), stride=2), (1, 4, 17, 16), "tensor<5x36x1x1xf32>"),
+        # 7x7, stride 2 in one dim: 2 phases of 4 taps there (8 slots for 7), 7 taps in the other
+        (
+            functools.partial(Conv, (5, 4, 7, 7), stride=(2, 1)),
+            (1, 4, 20, 21),
+            "tensor<5x8x4x7xf32>",
         ),
     ],
 )

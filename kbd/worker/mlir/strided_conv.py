@@ -16,7 +16,10 @@ Per spatial dim, with stride s, dilation d and kernel size K:
 - s == 1: left as it is (one phase, same kernel and dilation);
 - d a multiple of s: one phase, the same K taps at dilation d / s;
 - otherwise the phases used must be 0 .. m-1 (true for d == 1, and for d and s coprime with
-  K >= s); the new kernel has max(i) + 1 taps at dilation 1.
+  K >= s); the new kernel has max(i) + 1 taps at dilation 1, unless that makes more than
+  MAX_ZERO_TAPS slots per real tap (3x3 at stride 2: 16 for 9). Then each tap's O rows are
+  gathered from its phase as a channel of their own, and the kernel has size 1 in that dim: no
+  zero taps, one copy of the output's size per tap (im2col along that dim).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from kbd.worker.mlir.walk import ops_named
 CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw": 2, "linalg.conv_1d_ncw_fcw": 1}
 
 
+# A dim whose phases would hold more than this many kernel slots per real tap gathers its taps
+# instead (see `Dim.gathered`).
+MAX_ZERO_TAPS = 1.25
+
+
 @dataclass(frozen=True)
 class Dim:
     """How one spatial dim of a convolution is rewritten."""
@@ -39,13 +47,28 @@ class Dim:
     phases: int  # m: phases of the input this dim uses (0 .. m-1)
     rows: int  # Y: rows of each phase the stride-1 convolution reads
     taps: list[tuple[int, int]]  # per kernel index k: (phase p, offset i)
-    kernel: int  # K': the new kernel's size
+    kernel: int  # K': the phased kernel's size
     dilation: int  # the new convolution's dilation
+    output: int  # O
+    gathered: bool  # each tap's rows gathered as a channel of its own, the kernel size 1
+
+    @property
+    def slots(self) -> int:
+        """Channels per input channel in the new convolution."""
+        return len(self.taps) if self.gathered else self.phases
+
+    @property
+    def new_kernel(self) -> int:
+        return 1 if self.gathered else self.kernel
+
+    def placed(self, k: int) -> tuple[int, int]:
+        """Where tap k goes in the new kernel: (channel slot, offset)."""
+        return (k, 0) if self.gathered else self.taps[k]
 
 
 def _dim(stride: int, dilation: int, kernel: int, output: int, size: int) -> Dim | None:
     if stride == 1:
-        return Dim(1, 1, size, [(0, k) for k in range(kernel)], kernel, dilation)
+        return Dim(1, 1, size, [(0, k) for k in range(kernel)], kernel, dilation, output, False)
     if dilation % stride == 0:
         taps = [(0, k) for k in range(kernel)]
         new_dilation = dilation // stride
@@ -58,7 +81,10 @@ def _dim(stride: int, dilation: int, kernel: int, output: int, size: int) -> Dim
     if phases != list(range(len(phases))):
         return None
     rows = output + (new_kernel - 1) * new_dilation
-    return Dim(stride, len(phases), rows, taps, new_kernel, new_dilation)
+    # Phases cost zero taps where a tap's offsets leave gaps (a 3-tap kernel at stride 3 and
+    # dilation 4: 9 slots for 3 taps); gathering costs a copy of the input per tap instead.
+    gathered = len(phases) * new_kernel > MAX_ZERO_TAPS * kernel
+    return Dim(stride, len(phases), rows, taps, new_kernel, new_dilation, output, gathered)
 
 
 def _ints(op, name: str) -> list[int]:
@@ -93,7 +119,7 @@ def strided_convs_as_phases(module: ir.Module) -> int:
                         kernel,
                         outs=[op.operands[2]],
                         strides=[1] * spatial,
-                        dilations=[d.dilation for d in dims],
+                        dilations=[1 if d.gathered else d.dilation for d in dims],
                     )
                 op.results[0].replace_all_uses_with(new)
                 op.erase()
@@ -139,12 +165,41 @@ def _phased_input(image: ir.Value, image_type, dims: list[Dim]) -> ir.Value:
     order = [0, 1] + [3 + 2 * j for j in range(spatial)] + [2 + 2 * j for j in range(spatial)]
     moved = [phases[i] for i in order]
     image = linalg.transpose(image, outs=[tensor.empty(moved, element)], permutation=order)
+    if any(d.gathered for d in dims):
+        image = _gathered(image, element, n, c, dims)
     channels = c
     for d in dims:
-        channels *= d.phases
-    result = [n, channels] + [d.rows for d in dims]
+        channels *= d.slots
+    result = [n, channels] + [d.output if d.gathered else d.rows for d in dims]
     groups = [[0], list(range(1, 2 + spatial))] + [[2 + spatial + j] for j in range(spatial)]
     return tensor.collapse_shape(ir.RankedTensorType.get(result, element), image, groups)
+
+
+def _gathered(phased: ir.Value, element, n: int, c: int, dims: list[Dim]) -> ir.Value:
+    """[N, C, m..., Y...] -> [N, C, slots..., rows...]: in a gathered dim, slot k holds the O
+    rows of tap k's phase from its offset (one slice copied per tap); other dims as they are."""
+    shape = [n, c] + [d.slots for d in dims] + [d.output if d.gathered else d.rows for d in dims]
+    gathered = tensor.empty(shape, element)
+    choices: list[list[int | None]] = [[]]
+    for d in dims:
+        options = range(len(d.taps)) if d.gathered else [None]
+        choices = [[*chosen, k] for chosen in choices for k in options]
+    for chosen in choices:
+        # per dim: (source slot, slots, target slot) and (source row, rows)
+        slots = [
+            (0, d.phases, 0) if k is None else (d.taps[k][0], 1, k)
+            for d, k in zip(dims, chosen, strict=True)
+        ]
+        rows = [
+            (0, d.rows) if k is None else (d.taps[k][1], d.output)
+            for d, k in zip(dims, chosen, strict=True)
+        ]
+        source_offsets = [0, 0] + [s[0] for s in slots] + [r[0] for r in rows]
+        sizes = [n, c] + [s[1] for s in slots] + [r[1] for r in rows]
+        target_offsets = [0, 0] + [s[2] for s in slots] + [0] * len(rows)
+        taken = _slice(phased, element, source_offsets, sizes)
+        gathered = _insert(taken, gathered, target_offsets, sizes)
+    return gathered
 
 
 def _phased_kernel(weight: ir.Value, weight_type, dims: list[Dim]) -> ir.Value:
@@ -153,19 +208,19 @@ def _phased_kernel(weight: ir.Value, weight_type, dims: list[Dim]) -> ir.Value:
     element = weight_type.element_type
     f, c, *sizes = weight_type.shape
     spatial = len(dims)
-    shape = [f, c] + [d.phases for d in dims] + [d.kernel for d in dims]
+    shape = [f, c] + [d.slots for d in dims] + [d.new_kernel for d in dims]
     kernel = _zeros(shape, element)
     taps: list[list[int]] = [[]]
     for j in range(spatial):
         taps = [[*tap, k] for tap in taps for k in range(sizes[j])]
     for tap in taps:
         column = _slice(weight, element, [0, 0, *tap], [f, c] + [1] * spatial, [f, c])
-        placed = [dims[j].taps[k] for j, k in enumerate(tap)]
+        placed = [dims[j].placed(k) for j, k in enumerate(tap)]
         offsets = [0, 0] + [p for p, _ in placed] + [i for _, i in placed]
         kernel = _insert(column, kernel, offsets, [f, c] + [1] * (2 * spatial))
     channels = c
     for d in dims:
-        channels *= d.phases
-    result = [f, channels] + [d.kernel for d in dims]
+        channels *= d.slots
+    result = [f, channels] + [d.new_kernel for d in dims]
     groups = [[0], list(range(1, 2 + spatial))] + [[2 + spatial + j] for j in range(spatial)]
     return tensor.collapse_shape(ir.RankedTensorType.get(result, element), kernel, groups)
