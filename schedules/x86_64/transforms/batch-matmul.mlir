@@ -7,9 +7,28 @@
 //   block_m, block_n  M,N block per scf.forall iteration (the thread level; B block in L2)
 //   block_k           K block (A panel $reg_m x $block_k and B panel $block_k x $reg_n in L1)
 //   reg_m, reg_n      register tile: reg_m * reg_n / lanes accumulators must fit the vector file
-// Tiles that do not divide the shape are vectorized with masks (correct, slower).
+// Register tiles that do not divide a block are peeled off its M and N loops: the full tiles
+// vectorize without masks, only the edges are masked.
 // Runs on linalg-on-tensors, before bufferization; every linalg.batch_matmul is tiled.
 module attributes {transform.with_named_sequence} {
+  // Peels the last, partial iteration of each loop into a loop of its own; a loop with no
+  // partial iteration is left alone.
+  transform.named_sequence @peel(%loops: !transform.any_op {transform.readonly}) {
+    transform.foreach %loops : !transform.any_op {
+    ^bb0(%loop: !transform.any_op):
+      transform.include @peel_one failures(suppress) (%loop) : (!transform.any_op) -> ()
+    }
+    transform.yield
+  }
+
+  // Fails (silenceably) when the loop has no partial iteration.
+  transform.named_sequence @peel_one(%loop: !transform.any_op {transform.readonly}) {
+    %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
+    %main, %rest = transform.loop.peel %for
+      : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
     %matmuls = transform.structured.match ops{["linalg.batch_matmul"]} in %root
       : (!transform.any_op) -> !transform.any_op
@@ -26,8 +45,17 @@ module attributes {transform.with_named_sequence} {
     %tile, %loops:4 = transform.structured.tile_using_for %panels tile_sizes [1, $reg_m, $reg_n, 1]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
                                 !transform.any_op, !transform.any_op)
-    transform.structured.vectorize %tile vector_sizes [1, $reg_m, $reg_n, 1]
-        {create_named_contraction} : !transform.any_op
+    // Partial register tiles peeled off (N inside each M step, then M), then every tile,
+    // full or partial, vectorized.
+    transform.include @peel failures(propagate) (%loops#2) : (!transform.any_op) -> ()
+    transform.include @peel failures(propagate) (%loops#1) : (!transform.any_op) -> ()
+    %tiles = transform.structured.match ops{["linalg.batch_matmul"]} in %func
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %tiles : !transform.any_op {
+    ^bb0(%one: !transform.any_op):
+      transform.structured.vectorize %one vector_sizes [1, $reg_m, $reg_n, 1]
+          {create_named_contraction} : !transform.any_op
+    }
     transform.apply_patterns to %func {
       transform.apply_patterns.vector.reduction_to_contract
       transform.apply_patterns.vector.transfer_permutation_patterns
