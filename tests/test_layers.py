@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("caches",),  # content-addressed caches
     ("engine",),  # template, runner, scheduler, planning of jobs, what a run leaves behind
     ("views",),  # what a person sees: lines, summaries, JUnit, live progress
-    ("levels", "cluster", "daemon", "tune"),  # the features
+    ("tune",),  # tuning sessions, which run here, in the daemon and on a cluster
+    ("levels", "cluster", "daemon"),  # the features
     ("commands",),  # one module per command
     ("",),  # kbd/*.py: the command line
 )
