@@ -75,10 +75,10 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
             )
     else:
         tune_id, options = None, _options(args)
-    if options.sweep.cluster is not None:
-        cluster.require_ray()
     if invocation.detach and (invocation.daemon == "no" or options.sweep.cluster is not None):
         raise InputError("--detach runs the tune in the daemon; not with --no-daemon or --cluster")
+    if options.sweep.cluster is not None:
+        cluster.require_ray()
     if options.sweep.cluster is None and (invocation.daemon != "no" or invocation.detach):
         from kbd.daemon import submit
 
