@@ -44,9 +44,9 @@ from kbd.results.record import Record
 from kbd.results.store import Store, Sweep
 from kbd.results.tuning import TuningStore
 from kbd.shared.errors import InputError
+from kbd.tune import show as tuning_view
 from kbd.tune.events import TrialEnded, TuneEnded
 from kbd.views import reports
-from kbd.views import tuning as tuning_view
 from kbd.views.progress import Progress
 
 

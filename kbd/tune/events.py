@@ -1,6 +1,6 @@
 """What a tune reports as it runs, as messages: the same ones whether it runs in this process,
 in the daemon (they cross its socket, kbd.daemon.wire) or as the head of a cluster tune.
-kbd.views.tuning shows them."""
+kbd.tune.show shows them."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def run(
     """Tune in this process; the exit status. `tune_id`: the stored session to resume, whose
     options `options` are. `execute` runs the session's tasks (default: on this machine's cores;
     kbd.cluster.tuning.execute: on a Ray cluster)."""
-    from kbd.views import tuning as view
+    from kbd.tune import show as view
 
     session = begin(options, db, tune_id, log_dir, Path(".kbd") / "logs", command)
     report = Report(notice=_say, trial=view.show_trial)
