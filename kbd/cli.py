@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU, threads, torch-mlir); --untuned turns that off.",
     )
     _common(tune)
-    tune.set_defaults(smoke_test=False, cluster=None, shard=None, detach=False, benchmark=True)
+    tune.set_defaults(smoke_test=False, shard=None, benchmark=True)
     tune.add_argument(
         "--budget",
         type=int,
@@ -464,6 +464,19 @@ def build_parser() -> argparse.ArgumentParser:
         "configuration it measured is measured again",
     )
     tune.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="tune on a Ray cluster (needs kbd[ray]), as `kbd sweep --cluster`: each kernel's "
+        "whole tuning task on one node, kernels on several nodes at once, everything stored "
+        "here; with --resume, 'local' finishes a cluster tune on this machine",
+    )
+    tune.add_argument(
+        "--detach",
+        action="store_true",
+        help="tune in the daemon (started if needed), print the session id and return; "
+        "`kbd attach --tune ID` follows it",
+    )
+    tune.add_argument(
         "--export",
         metavar="FILE",
         help="write every adopted configuration of the results database as JSON Lines and exit",
@@ -478,21 +491,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     attach = sub.add_parser(
         "attach",
-        help="follow a sweep running in the daemon (Ctrl-C detaches)",
+        help="follow a sweep or tune running in the daemon (Ctrl-C detaches)",
         description="Show the finished kernels and live progress of a sweep running in the "
-        "daemon, from any terminal (several may follow at once). Ctrl-C detaches; the sweep "
-        "goes on. Never starts a daemon.",
+        "daemon (with --tune: the trials so far and then live of a `kbd tune`), from any "
+        "terminal (several may follow at once). Ctrl-C detaches; the sweep goes on. Never "
+        "starts a daemon.",
     )
-    attach.add_argument("id", nargs="?", type=int, help="sweep id (default: the latest active)")
+    attach.add_argument(
+        "id",
+        nargs="?",
+        type=int,
+        help="sweep id, or tuning session id (default: the latest active one)",
+    )
+    attach.add_argument("--tune", action="store_true", help="ID is a tuning session's (kbd tune)")
     attach.add_argument("--json", action="store_true", help="JSON Lines, one object per kernel")
     _db_option(attach)
     cancel = sub.add_parser(
         "cancel",
-        help="stop a sweep running in the daemon (resumable)",
-        description="Start no more kernels of the sweep and let running ones finish "
-        "(--kill: kill them). The sweep ends interrupted and `kbd sweep --resume ID` finishes it.",
+        help="stop a sweep or tune running in the daemon (resumable)",
+        description="Start no more kernels of the sweep (or candidates of the tune) and let "
+        "running ones finish (--kill: kill them). It ends interrupted and `kbd sweep --resume "
+        "ID` (`kbd tune --resume ID`) finishes it.",
     )
-    cancel.add_argument("id", type=int, help="sweep id")
+    cancel.add_argument("id", type=int, help="sweep id, or tuning session id with --tune")
+    cancel.add_argument("--tune", action="store_true", help="ID is a tuning session's (kbd tune)")
     cancel.add_argument("--kill", action="store_true", help="kill its running kernels now")
     _db_option(cancel)
 

@@ -63,6 +63,7 @@ WHOLE_MODULES = {
     "test_levels.py",
     "test_replay.py",
     "test_schedules.py",
+    "test_tune_daemon.py",
 }
 # The longest work units (a whole module, or one test of a spread module) start first, so that
 # the workers finish at about the same time. Only the order depends on this list.
@@ -73,6 +74,7 @@ LONGEST_FIRST = (
     "test_sweep.py::test_kill_9_leaves_no_worker_and_resume_completes",
     "test_daemon.py",
     "test_daemon_sweeps.py",
+    "test_tune_daemon.py",
     "test_compile_mode.py",
     "test_sweep.py::test_template_death_ends_the_sweep_cleanly_and_resume_completes",
     "test_sweep.py::test_ctrl_c_finishes_running_kernels_then_resume",

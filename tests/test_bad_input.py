@@ -119,6 +119,10 @@ CASES = [
     ("tune-import-missing", "tune --import {tmp}/no.jsonl", "{tmp}/no.jsonl"),
     ("tune-export-under-a-file", "tune --export {tmp}/afile/x.jsonl", "--export"),
     ("tune-no-tunable-schedule", "tune FX level1/2_", "nothing to tune"),
+    ("tune-detach-without-daemon", "tune FX --detach --no-daemon K", "--detach"),
+    ("tune-detach-on-a-cluster", "tune FX --detach --cluster 127.0.0.1:1 K", "--detach"),
+    ("tune-cluster-blank", "tune FX --cluster ' ' K", "--cluster"),
+    ("tune-resume-unknown", "tune --resume 999", "no tuning session 999", with_store),
     # kbd attach and cancel (neither starts a daemon)
     ("attach-unknown-sweep", "attach 999", "999", with_store),
     ("attach-without-store", "attach 999", "results.db"),
@@ -127,6 +131,9 @@ CASES = [
     ("cancel-unknown-sweep", "cancel 999", "999", with_store),
     ("cancel-db-under-a-file", "cancel 999 --db {tmp}/afile/results.db", "{tmp}/afile"),
     ("cancel-without-id", "cancel", "id"),
+    ("attach-unknown-tune", "attach --tune 999", "no tuning session 999", with_store),
+    ("attach-tune-without-store", "attach --tune 9", "no results database, so no tuning session"),
+    ("cancel-unknown-tune", "cancel --tune 999", "no tuning session 999", with_store),
     # kbd results, compare, sweeps
     ("results-unknown-sweep", "results 999", "999", with_store),
     ("results-without-store", "results", "results.db"),

@@ -9,17 +9,21 @@ the two modules run on two pytest workers at once.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import sqlite3
 import xml.etree.ElementTree as ET
 
 import pytest
 
+from kbd.plan import target
 from tests import clusters
 from tests.conftest import ROOT, fixture_args, kbd, needs_kernelbench
 from tests.test_faults import EXPECTED
 from tests.test_kernelbench_shapes import OWN_TWO, OWN_TWO_ENDS, ends
+from tests.test_tune import QUICK, tunable
 
 pytestmark = clusters.needs_ray
 
@@ -75,6 +79,29 @@ def test_unreachable_cluster_then_resume_here(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "1 of 1 kernels left" in resumed.stderr
     assert clusters.final(tmp_path)["level1/1_matmul"]["node"] is None  # ran here
+
+
+def test_tune_on_two_nodes_each_task_on_one_node(cluster, tmp_path):
+    """Two kernels tuned at once, each whole task (search and confirmation) on one node; trials
+    and adopted configurations in the head's store, keyed by the node's CPU and threads."""
+    quick = tunable(tmp_path, ["ok", "wrong"])
+    args = fixture_args("level1/1_", "level1/4_", "--pipeline", str(quick), *QUICK)
+    result = kbd("tune", *args, "--cluster", cluster.address, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "kbd: cluster: 2 nodes" in result.stderr
+    with sqlite3.connect(tmp_path / ".kbd" / "results.db") as db:
+        trials = db.execute(
+            "SELECT kernel, stage, json_extract(record, '$.node') FROM trials"
+        ).fetchall()
+        keys = [json.loads(k) for (k,) in db.execute("SELECT key FROM tuned ORDER BY kernel")]
+        status = db.execute("SELECT status FROM tunes").fetchall()
+    nodes = {kernel: {node for k, _, node in trials if k == kernel} for kernel, _, _ in trials}
+    assert set(nodes) == {"level1/1_matmul", "level1/4_conv2d"}
+    assert all(len(where) == 1 and None not in where for where in nodes.values()), nodes
+    assert nodes["level1/1_matmul"] != nodes["level1/4_conv2d"]  # both nodes, at once
+    assert sum(1 for _, stage, _ in trials if stage == "search") == 6
+    assert [(k["cpu"], k["threads"]) for k in keys] == [(target.cpu_model(), 1)] * 2
+    assert status == [("done",)]
 
 
 def test_a_node_with_other_kbd_code_is_refused(cluster, tmp_path):

@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("caches",),  # content-addressed caches
     ("engine",),  # template, runner, scheduler, planning of jobs, what a run leaves behind
     ("views",),  # what a person sees: lines, summaries, JUnit, live progress
-    ("levels", "cluster", "daemon", "tune"),  # the features
+    ("tune",),  # tuning sessions, which run here, in the daemon and on a cluster
+    ("levels", "cluster", "daemon"),  # the features
     ("commands",),  # one module per command
     ("",),  # kbd/*.py: the command line
 )
@@ -172,9 +173,9 @@ def test_the_supervisor_never_imports_the_torch_side():
 
 def test_importing_every_supervisor_module_loads_no_torch_and_no_ray():
     """At run time too (what a module imports may import torch): only the cluster's head and
-    agent load Ray."""
+    agent load Ray, and the cluster's tuning, which runs on the head."""
     supervisor = [m for m in MODULES if _folder(m) != "worker" and m != "kbd.__main__"]
-    with_ray = {"kbd.cluster.head", "kbd.cluster.agent"}
+    with_ray = {"kbd.cluster.head", "kbd.cluster.agent", "kbd.cluster.tuning"}
     code = (
         "import importlib, sys\n"
         f"for name in {sorted(set(supervisor) - with_ray)!r}:\n"

@@ -150,6 +150,29 @@ def test_a_search_keeps_to_its_budget_never_repeats_and_climbs_to_the_best():
     assert best >= 0.95 * max(score(c) for c in configs if c["block_m"] != 512)
 
 
+# Quick tunes (tests through the daemon and on a cluster): short timings, one confirmation
+# process each.
+QUICK = ("--bench-time", "0.1", "--search-time", "0.05", "--bench-processes", "1")
+
+
+def tunable(folder: Path, variants: list[str], default: str = "ok") -> Path:
+    """The fixture's tunable schedule with only `variants` in its space (default `default`),
+    written into `folder`: e.g. [ok, wrong] for three quick configurations."""
+    path = folder / f"tunable-{'-'.join(variants)}.yaml"
+    path.write_text(
+        TUNABLE.read_text()
+        .replace("Vars: {variant: ok, rounds: 1}", f"Vars: {{variant: {default}, rounds: 1}}")
+        .replace("variant: [ok, wrong, segv, hang, memory]", f"variant: [{', '.join(variants)}]")
+        .replace("pad-$variant.mlir", f"{TUNABLE.parent}/pad-$variant.mlir")
+    )
+    return path
+
+
+def trials_of(path: Path) -> list[tuple]:
+    """(tune_id, config, stage, outcome, phase, message) of every trial, in order."""
+    return _trials(path)
+
+
 def _tune(tmp_path, *extra, db="tune.db", timeout=300):
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(ROOT / "tests/fixtures/levels.yaml")]
     args += ["level1/1_", "--pipeline", str(TUNABLE), "--mem-limit", "1GiB", "--timeout", "8"]
@@ -190,13 +213,7 @@ def test_faulty_configurations_are_classified_once_and_the_tune_completes(tmp_pa
 
 
 def test_a_kernel_whose_every_configuration_fails_ends_the_tune_with_status_1(tmp_path):
-    failing = tmp_path / "failing.yaml"
-    failing.write_text(
-        TUNABLE.read_text()
-        .replace("Vars: {variant: ok, rounds: 1}", "Vars: {variant: wrong, rounds: 1}")
-        .replace("variant: [ok, wrong, segv, hang, memory]", "variant: [wrong, segv]")
-        .replace("pad-$variant.mlir", f"{TUNABLE.parent}/pad-$variant.mlir")
-    )
+    failing = tunable(tmp_path, ["wrong", "segv"], default="wrong")
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(ROOT / "tests/fixtures/levels.yaml")]
     args += ["level1/1_", "--pipeline", str(failing), "--db", str(tmp_path / "t.db")]
     result = kbd("tune", *args, cwd=tmp_path)

@@ -1,10 +1,13 @@
-"""Sweeps on a Ray cluster (`kbd sweep --cluster ADDRESS`, optional extra `kbd[ray]`).
+"""Sweeps and tunes on a Ray cluster (`kbd sweep --cluster ADDRESS`, `kbd tune --cluster
+ADDRESS`, optional extra `kbd[ray]`).
 
 One kbd agent per node (`agent.py`, a Ray actor pinned to its node) owns that node's warm
 template, core pinning, memory admission and sandboxing, exactly as a local sweep does. The head
 (`head.py`, the `kbd sweep` process) dispatches kernels to agents and stores every record in its
 own SQLite store. Ray provides placement, transport, membership and failure detection; kbd is the
-only retry authority. Only `agent.py` and `head.py` import ray; this module does not.
+only retry authority. `tuning.py` runs each tuning task of `kbd tune` on one node, through the
+head's agents. Only `agent.py` and `head.py` import ray (`tuning.py` through `head.py`); this
+module does not.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from kbd.cluster.wire import Dispatch, Finished, NodeInfo
 from kbd.engine import scheduler
 from kbd.engine.scheduler import Hooks, Planned
 from kbd.engine.spawner import Spawner, template_env
-from kbd.plan import limits
+from kbd.plan import limits, target
 from kbd.shared import identity
 from kbd.shared.protocol import START_PHASE, Phase
 
@@ -63,6 +63,8 @@ class Agent:
                 identity=identity.current(),
                 memory_monitor=os.environ.get("RAY_memory_monitor_refresh_ms") != "0",  # noqa: SIM112
                 niceness=os.nice(0),
+                machine=target.this_machine(),
+                threads=len(self.slots[0]),
             )
         )
 

@@ -1,5 +1,8 @@
 """The head of a cluster sweep: start one agent per node, dispatch kernels, handle lost agents.
 
+`connected`, `agents`, `run_on` and `crash` are what kbd.cluster.tuning (`kbd tune --cluster`)
+shares with sweeps: a connection to Ray, the agents of its nodes, one job run on one node.
+
 Runs in the `kbd sweep` process (the Ray driver); it never imports torch. Records come back from
 the agents and go through the same hooks as a local sweep's, so the store, `kbd results`,
 `--resume`, JUnit and JSON work unchanged.
@@ -18,6 +21,7 @@ import logging
 import socket
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,12 +50,22 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass
-class _Node:
+class Node:
     """One accepted agent."""
 
     actor: ray.actor.ActorHandle
     info: NodeInfo
     alive: bool = True
+
+
+@dataclass
+class Lost:
+    """A job whose agent was lost while it ran (the agent is marked dead and killed)."""
+
+    accepted: bool  # the agent had started it (else it never reached the agent: no attempt)
+    phase: str  # the last phase the head heard of
+    wall_s: float
+    error: str
 
 
 @dataclass
@@ -80,9 +94,17 @@ def execute(
     `losses`: kernel -> lost attempts already stored for this sweep. Raises ClusterError when
     the cluster cannot be reached, has no usable node, or loses every agent.
     """
-    _connect(options.cluster)
+    return connected(
+        options.cluster, _execute, options, plans, log_dir.resolve(), hooks, progress, losses
+    )
+
+
+def connected(address: str, main, *args):
+    """`anyio.run(main, *args)` connected to the Ray cluster at `address` (ClusterError when
+    it cannot be reached); disconnected after."""
+    _connect(address)
     try:
-        return anyio.run(_execute, options, plans, log_dir.resolve(), hooks, progress, losses)
+        return anyio.run(main, *args)
     finally:
         ray.shutdown()
 
@@ -116,24 +138,31 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
-async def _execute(options, plans, log_dir, hooks, progress, losses) -> bool:
+@contextlib.asynccontextmanager
+async def agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> AsyncIterator[list[Node]]:
+    """The agents of the cluster's usable nodes, started; stopped at the end, whatever
+    happens."""
     nodes = await _start_agents(options, log_dir, hooks)
-    queue = _Queue(deque(plans))
-    stopping = anyio.Event()
-    lost = dict(losses)
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(scheduler.watch_interrupts, stopping, group.cancel_scope, hooks)
-            if progress.live:
-                group.start_soon(_tick, progress)
-            async with anyio.create_task_group() as feeders:
-                for node in nodes:
-                    for _ in range(node.info.slots):
-                        feeders.start_soon(_feed, node, queue, stopping, lost, options, hooks)
-            group.cancel_scope.cancel()
+        yield nodes
     finally:
         with anyio.CancelScope(shield=True):
             await _stop_agents(nodes)
+
+
+async def _execute(options, plans, log_dir, hooks, progress, losses) -> bool:
+    queue = _Queue(deque(plans))
+    stopping = anyio.Event()
+    lost = dict(losses)
+    async with agents(options, log_dir, hooks) as nodes, anyio.create_task_group() as group:
+        group.start_soon(scheduler.watch_interrupts, stopping, group.cancel_scope, hooks)
+        if progress.live:
+            group.start_soon(_tick, progress)
+        async with anyio.create_task_group() as feeders:
+            for node in nodes:
+                for _ in range(node.info.slots):
+                    feeders.start_soon(_feed, node, queue, stopping, lost, options, hooks)
+        group.cancel_scope.cancel()
     if stopping.is_set():
         return False
     if queue.plans:
@@ -144,14 +173,14 @@ async def _execute(options, plans, log_dir, hooks, progress, losses) -> bool:
     return True
 
 
-async def _start_agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> list[_Node]:
+async def _start_agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> list[Node]:
     """One agent per alive node with CPUs; refuse those whose identity or settings differ."""
     candidates = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
     if not candidates:
         raise ClusterError(f"--cluster {options.cluster}: no alive node offers CPUs to Ray")
     remote = ray.remote(Agent)
     ours = identity.current()
-    nodes: list[_Node] = []
+    nodes: list[Node] = []
     refused: list[str] = []
 
     async def start(node: dict) -> None:
@@ -190,7 +219,7 @@ async def _start_agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> list
             with contextlib.suppress(Exception):
                 ray.kill(actor)
             return
-        nodes.append(_Node(actor=actor, info=info))
+        nodes.append(Node(actor=actor, info=info))
 
     async with anyio.create_task_group() as group:
         for node in candidates:
@@ -215,7 +244,7 @@ async def _start_agents(options: SweepSpec, log_dir: Path, hooks: Hooks) -> list
     return nodes
 
 
-async def _feed(node: _Node, queue: _Queue, stopping, lost, options, hooks) -> None:
+async def _feed(node: Node, queue: _Queue, stopping, lost, options, hooks) -> None:
     """One slot of one node: take the next kernel, run it there, until nothing is left."""
     while node.alive and not stopping.is_set():
         if not queue.plans:
@@ -233,9 +262,10 @@ async def _feed(node: _Node, queue: _Queue, stopping, lost, options, hooks) -> N
             queue.notify()
 
 
-async def _run_on(node: _Node, plan: Planned, queue: _Queue, lost, options, hooks) -> None:
+async def run_on(node: Node, plan: Planned, timeout: float, hooks: Hooks) -> Record | Lost:
+    """Run one job on `node`: its record, or Lost when the node's agent was lost meanwhile."""
     name = plan.label
-    dispatch = Dispatch(entry=plan.entry, job=plan.job, memory=plan.memory, timeout=options.timeout)
+    dispatch = Dispatch(entry=plan.entry, job=plan.job, memory=plan.memory, timeout=timeout)
     accepted, phase, started = False, START_PHASE, time.monotonic()
     hooks.started(name)
     try:
@@ -245,37 +275,46 @@ async def _run_on(node: _Node, plan: Planned, queue: _Queue, lost, options, hook
                 accepted, phase = True, event.name
                 hooks.phase(name, phase)
             elif isinstance(event, Finished):
-                hooks.finished(event.record)
-                return
+                return event.record
         raise RuntimeError("the agent ended the run without a record")
     except (RayError, RuntimeError) as exc:
         _lose(node, exc, hooks)
-        if not accepted:  # never reached the agent: not an attempt
-            queue.plans.appendleft(plan)
-            return
-        lost[name] = lost.get(name, 0) + 1
         wall = round(time.monotonic() - started, 3)
-        if lost[name] >= MAX_LOSSES:
-            hooks.finished(_crash(plan, node, phase, lost[name], wall))
-            return
-        hooks.lost(
-            Record(
-                kernel=plan.entry.name,
-                mode=plan.job.mode,
-                shapes=plan.job.shapes,
-                inputs=inputs_of(plan.job),
-                outcome="lost",
-                phase=phase,
-                message=f"the kbd agent on {node.info.node} was lost while running it "
-                f"({_first_line(exc)}); running it again on another node",
-                wall_s=wall,
-                node=node.info.node,
-            )
-        )
+        return Lost(accepted=accepted, phase=phase, wall_s=wall, error=_first_line(exc))
+
+
+async def _run_on(node: Node, plan: Planned, queue: _Queue, lost, options, hooks) -> None:
+    name = plan.label
+    outcome = await run_on(node, plan, options.timeout, hooks)
+    if isinstance(outcome, Record):
+        hooks.finished(outcome)
+        return
+    if not outcome.accepted:  # never reached the agent: not an attempt
         queue.plans.appendleft(plan)
+        return
+    lost[name] = lost.get(name, 0) + 1
+    wall, phase = outcome.wall_s, outcome.phase
+    if lost[name] >= MAX_LOSSES:
+        hooks.finished(crash(plan, node, phase, lost[name], wall))
+        return
+    hooks.lost(
+        Record(
+            kernel=plan.entry.name,
+            mode=plan.job.mode,
+            shapes=plan.job.shapes,
+            inputs=inputs_of(plan.job),
+            outcome="lost",
+            phase=phase,
+            message=f"the kbd agent on {node.info.node} was lost while running it "
+            f"({outcome.error}); running it again on another node",
+            wall_s=wall,
+            node=node.info.node,
+        )
+    )
+    queue.plans.appendleft(plan)
 
 
-def _lose(node: _Node, exc: BaseException, hooks: Hooks) -> None:
+def _lose(node: Node, exc: BaseException, hooks: Hooks) -> None:
     """Stop using an agent; kill it, so that nothing of it keeps running a requeued kernel."""
     if not node.alive:
         return
@@ -285,7 +324,8 @@ def _lose(node: _Node, exc: BaseException, hooks: Hooks) -> None:
         ray.kill(node.actor, no_restart=True)
 
 
-def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> Record:
+def crash(plan: Planned, node: Node, phase: str, count: int, wall: float) -> Record:
+    """The final record of a job in flight during `count` agent losses (MAX_LOSSES)."""
     message = (
         f"node agent died {count} times while running it (last on {node.info.node}); not retried"
     )
@@ -306,7 +346,7 @@ def _crash(plan: Planned, node: _Node, phase: str, count: int, wall: float) -> R
     )
 
 
-async def _stop_agents(nodes: list[_Node]) -> None:
+async def _stop_agents(nodes: list[Node]) -> None:
     for node in nodes:
         if node.alive:
             with anyio.move_on_after(STOP_GRACE_S), contextlib.suppress(RayError):

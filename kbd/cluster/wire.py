@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from kbd.plan.catalog import Entry
+from kbd.plan.target import Machine
 from kbd.results.record import Record
 from kbd.shared.identity import Identity
 from kbd.shared.protocol import Job, Phase
@@ -25,6 +26,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     identity: Identity  # kbd.shared.identity.current() there
     memory_monitor: bool  # Ray's memory monitor is on (it could kill kbd in place of kbd)
     niceness: int  # inherited by every kernel (Ray's default for workers is 15)
+    machine: Machine  # its CPU: a tuning task there is keyed by it (kbd.cluster.tuning)
+    threads: int  # cores per worker, the template's thread count
 
 
 class Dispatch(msgspec.Struct, frozen=True, kw_only=True):

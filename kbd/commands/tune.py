@@ -7,6 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
+import msgspec
+
+from kbd import cluster
 from kbd.plan import spec, tuned
 from kbd.plan.invocation import Invocation
 from kbd.plan.paths import check_output
@@ -44,7 +47,6 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
         for name, given in (
             ("--json", args.json),
             ("--junit", args.junit),
-            ("--daemon", args.daemon == "yes"),
             ("--mode " + args.mode, args.mode != "import"),
             ("--baseline", bool(args.baseline)),
             ("--print-mlir-after-all", args.print_mlir_after_all),
@@ -56,9 +58,7 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
         if given
     ]
     if unsupported:
-        raise InputError(
-            f"{unsupported[0]}: not an option of kbd tune (it runs here, in import mode)"
-        )
+        raise InputError(f"{unsupported[0]}: not an option of kbd tune (it tunes in import mode)")
     if args.budget < 1:
         raise InputError(f"--budget {args.budget}: at least 1")
     if args.search_time <= 0:
@@ -66,19 +66,46 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
     if len(args.pipeline) > 1 or (args.pipeline and not args.pipeline[0].endswith(".yaml")):
         raise InputError("--pipeline: kbd tune takes one descriptor file (.yaml) with a Tune space")
     check_output(invocation.log_dir, "--log-dir", folder=True)
+    if args.resume is not None:
+        tune_id, options = session.stored(TuningStore(Store(invocation.store_path)), args.resume)
+        if invocation.cluster:  # where to finish it may change; what to tune may not
+            where = spec.parse_cluster(invocation.cluster)
+            options = msgspec.structs.replace(
+                options, sweep=msgspec.structs.replace(options.sweep, cluster=where)
+            )
+    else:
+        tune_id, options = None, _options(args)
+    if invocation.detach and (invocation.daemon == "no" or options.sweep.cluster is not None):
+        raise InputError("--detach runs the tune in the daemon; not with --no-daemon or --cluster")
+    if options.sweep.cluster is not None:
+        cluster.require_ray()
+    if options.sweep.cluster is None and (invocation.daemon != "no" or invocation.detach):
+        from kbd.daemon import submit
+
+        status = submit.tune(invocation, options, tune_id)
+        if status is not None:
+            return status  # the daemon ran it
+    log_dir = Path(invocation.log_dir) if invocation.log_dir else None
+    execute = None
+    if options.sweep.cluster is not None:
+        from kbd.cluster import tuning  # imports ray
+
+        execute = tuning.execute
+    return session.run(options, invocation.store_path, tune_id, log_dir, _command(), execute)
+
+
+def _options(args: argparse.Namespace) -> session.TuneSpec:
     sweep = spec.from_args(_without_pipeline(args), Path.cwd())
     descriptor = str((Path.cwd() / args.pipeline[0]).resolve()) if args.pipeline else None
     if descriptor is not None and not Path(descriptor).is_file():
         raise InputError(f"--pipeline {args.pipeline[0]}: no such descriptor file")
-    options = session.TuneSpec(
+    return session.TuneSpec(
         sweep=sweep,
         descriptor=descriptor,
         budget=args.budget,
         search_time_s=args.search_time,
         seed=sweep.seed,
     )
-    log_dir = Path(invocation.log_dir) if invocation.log_dir else None
-    return session.run(options, invocation.store_path, args.resume, log_dir, _command())
 
 
 def _without_pipeline(args: argparse.Namespace) -> argparse.Namespace:

@@ -143,6 +143,8 @@ def _describe(status: DaemonStatus, differences: list[str]) -> str:
     ]
     for sweep in status.sweeps:
         name = f"sweep {sweep.sweep_id}" if sweep.sweep_id is not None else "run"
+        if sweep.tune_id is not None:
+            name = f"tune {sweep.tune_id}"  # done and total count kernels tuned
         lines.append(
             f"{name:<12} {sweep.state}: {sweep.done}/{sweep.total} done, "
             f"{len(sweep.running)} running, {sweep.followers} following  ({sweep.command})"

@@ -38,6 +38,7 @@ from kbd.daemon.wire import (
     Refused,
     StatusRequest,
     StopRequest,
+    SubmitTune,
     Welcome,
 )
 from kbd.daemon.work import Work
@@ -169,16 +170,19 @@ class Daemon:
                 self.work.stop(kill=request.now)
                 self.stopping.set()
             elif isinstance(request, CancelRequest):
-                reply = self.work.cancel(request.sweep_id, kill=request.kill)
+                reply = self.work.cancel(request.sweep_id, kill=request.kill, tune=request.tune)
                 await stream.send(protocol.encode(reply))
             elif isinstance(request, AttachRequest):
-                await self.work.follow(request.sweep_id, stream)
+                await self.work.follow(request.sweep_id, stream, tune=request.tune)
                 return
             else:
                 if self.stopping.is_set():
                     await stream.send(protocol.encode(Refused("the daemon is stopping")))
                     return
-                await self.work.submit(request, stream, frames)
+                if isinstance(request, SubmitTune):
+                    await self.work.submit_tune(request, stream)
+                else:
+                    await self.work.submit(request, stream, frames)
                 return
 
     def _welcome(self) -> Welcome:

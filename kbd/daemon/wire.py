@@ -3,8 +3,9 @@
 On the daemon's owner-only Unix socket, the client's first frame is `Hello`, answered by
 `Welcome` whatever the client's identity; then one `DaemonRequest` per exchange, answered by a
 `DaemonReply`. A `SubmitRequest` (unless detached) or an `AttachRequest` that is `Accepted` is
-followed by `DaemonEvent`s until the sweep ends (`SweepEnded`). Frames from clients are bounded
-by `MAX_CLIENT_FRAME`.
+followed by `DaemonEvent`s until the sweep ends (`SweepEnded`); a `SubmitTune` (or an attach to
+a tune) by `Notice`s and `TrialEnded`s until `TuneEnded` (kbd.tune.events). Frames from clients
+are bounded by `MAX_CLIENT_FRAME`.
 
 They live here rather than in kbd/shared/protocol.py because they carry a `SweepSpec` and
 `Record`s, which the shared contract cannot import (as kbd/cluster/wire.py does for the cluster).
@@ -16,9 +17,10 @@ from typing import Literal
 
 import msgspec
 
-from kbd.plan.spec import SweepSpec
+from kbd.plan.spec import SweepSpec, TuneSpec
 from kbd.results.record import Record
 from kbd.shared.identity import Identity
+from kbd.tune.events import TrialEnded, TuneEnded
 
 DAEMON_PROTOCOL = 1  # a client and a daemon of other protocols do not talk past Hello
 MAX_CLIENT_FRAME = 1024 * 1024  # what a daemon accepts from a client
@@ -54,28 +56,32 @@ class StopRequest(msgspec.Struct, frozen=True, tag="stop"):
 
 
 class CancelRequest(msgspec.Struct, frozen=True, tag="cancel"):
-    """Stop a sweep: start nothing more of it; `kill` also kills its running kernels."""
+    """Stop a sweep (`tune`: a tuning session): start nothing more of it; `kill` also kills its
+    running kernels."""
 
     sweep_id: int
     kill: bool = False
+    tune: bool = False  # sweep_id is a tuning session's id
 
 
 class AttachRequest(msgspec.Struct, frozen=True, tag="attach"):
-    """Follow a sweep's progress (None: the latest active one)."""
+    """Follow a sweep's progress (None: the latest active one; `tune`: a tuning session's)."""
 
     sweep_id: int | None = None
+    tune: bool = False
 
 
 class SweepState(msgspec.Struct, frozen=True):
-    """One active sweep or run in the daemon, for status."""
+    """One active sweep, run or tune in the daemon, for status."""
 
-    sweep_id: int | None  # None: a `kbd run`, not stored
+    sweep_id: int | None  # None: a `kbd run`, not stored, or a tune
     command: str
     total: int
     done: int
     running: list[str]
     followers: int
     state: Literal["running", "stopping", "killing"]
+    tune_id: int | None = None  # a `kbd tune`: total and done count its tasks
 
 
 class DaemonStatus(msgspec.Struct, frozen=True, tag="daemon-status"):
@@ -120,10 +126,21 @@ class SubmitRequest(msgspec.Struct, frozen=True, tag="submit"):
     detach: bool = False  # answer Accepted and return; the sweep runs on
 
 
+class SubmitTune(msgspec.Struct, frozen=True, tag="submit-tune"):
+    """Run a `kbd tune` in the daemon (kbd.tune.session)."""
+
+    spec: TuneSpec  # paths absolute
+    command: str  # the command line, as stored with the session
+    resume: int | None = None  # continue this stored tuning session (its options are `spec`)
+    log_dir: str | None = None  # absolute; None: logs/tune-<id> next to the store
+    detach: bool = False
+
+
 class Accepted(msgspec.Struct, frozen=True, tag="accepted"):
     sweep_id: int | None
-    total: int  # kernels to run now
+    total: int  # kernels to run now (a tune's: kernels to tune)
     selected: int  # kernels selected (a resumed sweep ran some already)
+    tune_id: int | None = None  # a tune's session
 
 
 class KernelStarted(msgspec.Struct, frozen=True, tag="started"):
@@ -154,6 +171,17 @@ class SweepEnded(msgspec.Struct, frozen=True, tag="ended"):
     completed: bool  # every kernel started (not cancelled or stopped)
 
 
-DaemonRequest = StatusRequest | StopRequest | CancelRequest | AttachRequest | SubmitRequest
+DaemonRequest = (
+    StatusRequest | StopRequest | CancelRequest | AttachRequest | SubmitRequest | SubmitTune
+)
 DaemonReply = Welcome | DaemonStatus | Done | Refused | Accepted
-DaemonEvent = KernelStarted | KernelPhase | KernelMemory | KernelFinished | Notice | SweepEnded
+DaemonEvent = (
+    KernelStarted
+    | KernelPhase
+    | KernelMemory
+    | KernelFinished
+    | Notice
+    | SweepEnded
+    | TrialEnded
+    | TuneEnded
+)

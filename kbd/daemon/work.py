@@ -1,4 +1,5 @@
-"""What a daemon runs: the sweeps and runs of every client, on one pool of cores and memory.
+"""What a daemon runs: the sweeps, runs and tunes of every client, on one pool of cores and
+memory.
 
 Policy (documented in the README): one `scheduler.Pool` holds the daemon's cores and its memory
 budget. Every active sweep admits kernels as in-process (longest expected first, at most its
@@ -11,6 +12,11 @@ One warm template per thread count (cores per worker) is started on first use an
 Followers get a replay (finished records, running kernels) and then live events through a
 bounded queue; a follower that falls too far behind is dropped rather than slowing the sweep.
 The store stays the source of truth: each attempt is committed as it ends.
+
+A tune (kbd.tune.session) runs its candidates as a sweep runs its kernels: on the same pool, with
+the same warm template for its thread count, stopped by the same `Control`; its followers get
+its notices and trials (a replay, then live) and its summary at the end (`TuneEnded`), and each
+trial is committed as it ends.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from kbd.daemon.wire import (
     Notice,
     Refused,
     SubmitRequest,
+    SubmitTune,
     SweepEnded,
     SweepState,
 )
@@ -49,6 +56,7 @@ from kbd.results.store import Store
 from kbd.shared import protocol
 from kbd.shared.errors import InputError, fatal_error
 from kbd.shared.protocol import START_PHASE
+from kbd.tune import session
 
 log = logging.getLogger("kbd.daemon")
 
@@ -57,27 +65,51 @@ FOLLOWER_QUEUE = 4096  # events a follower may lag behind before it is dropped
 
 @dataclass
 class Active:
-    """A sweep or run the daemon is executing."""
+    """A sweep, run or tune the daemon is executing."""
 
-    key: int
-    prepared: prepare.Prepared
+    key: str  # its name: "sweep 3", "run 2", "tune 4"
     command: str
     log_dir: Path
+    prepared: prepare.Prepared | None = None  # a sweep or run
+    tune: session.Session | None = None  # a tune
     control: Control = field(default_factory=Control)
-    finished: list[bytes] = field(default_factory=list)  # KernelFinished frames, for replay
+    finished: list[bytes] = field(default_factory=list)  # frames to replay to a new follower
     running: dict[str, str] = field(default_factory=dict)  # kernel -> phase
     followers: set[MemoryObjectSendStream] = field(default_factory=set)
-    state: str = "running"
+    status: str = "running"
 
     @property
     def sweep_id(self) -> int | None:
-        return self.prepared.sweep_id
+        return self.prepared.sweep_id if self.prepared is not None else None
+
+    @property
+    def tune_id(self) -> int | None:
+        return self.tune.tune_id if self.tune is not None else None
 
     def accepted(self) -> Accepted:
+        if self.tune is not None:
+            tasks = len(self.tune.tasks)
+            return Accepted(sweep_id=None, total=tasks, selected=tasks, tune_id=self.tune_id)
         return Accepted(
             sweep_id=self.sweep_id,
             total=len(self.prepared.plans),
             selected=len(self.prepared.kernels),
+        )
+
+    def state(self) -> SweepState:
+        if self.tune is not None:
+            total, done = len(self.tune.tasks), sum(1 for t in self.tune.tasks if t.outcome)
+        else:
+            total, done = len(self.prepared.plans), len(self.finished)
+        return SweepState(
+            sweep_id=self.sweep_id,
+            tune_id=self.tune_id,
+            command=self.command,
+            total=total,
+            done=done,
+            running=sorted(self.running),
+            followers=len(self.followers),
+            state=self.status,
         )
 
     def broadcast(self, message: msgspec.Struct) -> bytes:
@@ -93,7 +125,7 @@ class Active:
 
     @property
     def name(self) -> str:
-        return f"sweep {self.sweep_id}" if self.sweep_id is not None else f"run {-self.key}"
+        return self.key
 
 
 class Work:
@@ -130,23 +162,12 @@ class Work:
             "reserved": self.pool.reserved,
             "peak_rss_total": self.peak_rss_total,
             "templates": {str(k): s.pid for k, s in self.templates.items()},
-            "sweeps": [
-                SweepState(
-                    sweep_id=a.sweep_id,
-                    command=a.command,
-                    total=len(a.prepared.plans),
-                    done=len(a.finished),
-                    running=sorted(a.running),
-                    followers=len(a.followers),
-                    state=a.state,
-                )
-                for a in self.active.values()
-            ],
+            "sweeps": [a.state() for a in self.active.values()],
         }
 
     def stop(self, *, kill: bool) -> None:
         for active in self.active.values():
-            active.state = "killing" if kill else "stopping"
+            active.status = "killing" if kill else "stopping"
             active.control.stop(kill=kill)
 
     async def drain(self) -> None:
@@ -154,16 +175,16 @@ class Work:
             await anyio.sleep(0.05)
         self._closing.set()
 
-    def cancel(self, sweep_id: int, *, kill: bool) -> Done | Refused:
-        for active in self.active.values():
-            if active.sweep_id == sweep_id:
-                active.state = "killing" if kill else "stopping"
-                active.control.stop(kill=kill)
-                what = "killing its running kernels" if kill else "letting running kernels finish"
-                return Done(f"cancelling sweep {sweep_id}: starting nothing more, {what}")
-        return Refused(
-            f"no active sweep {sweep_id} in this daemon (`kbd sweeps` lists stored ones)"
-        )
+    def cancel(self, sweep_id: int, *, kill: bool, tune: bool = False) -> Done | Refused:
+        name = f"{'tune' if tune else 'sweep'} {sweep_id}"
+        active = self.active.get(name)
+        if active is None:
+            stored = "`kbd tune --resume ID` resumes" if tune else "`kbd sweeps` lists"
+            return Refused(f"no active {name} in this daemon ({stored} stored ones)")
+        active.status = "killing" if kill else "stopping"
+        active.control.stop(kill=kill)
+        what = "killing its running kernels" if kill else "letting running kernels finish"
+        return Done(f"cancelling {name}: starting nothing more, {what}")
 
     # --- submit and follow ------------------------------------------------------------------
 
@@ -178,11 +199,7 @@ class Work:
         queue = None if request.detach else self._add_follower(active)
         await stream.send(protocol.encode(active.accepted()))
         notes = [active.prepared.note] if active.prepared.note else []
-        if active.prepared.options.mem_budget is not None:
-            notes.append(
-                "kbd: note: in the daemon, all sweeps share its memory budget "
-                f"({format_size(self.pool.budget)}); --mem-budget is not applied"
-            )
+        notes += self._budget_note(active.prepared.options)
         if queue is not None:
             for note in notes:
                 await stream.send(protocol.encode(Notice(note)))
@@ -191,16 +208,60 @@ class Work:
         if queue is not None:
             await self._forward(active, queue, stream, owner=not request.sweep)
 
-    async def follow(self, sweep_id: int | None, stream) -> None:
-        candidates = [a for a in self.active.values() if a.sweep_id is not None]
+    async def submit_tune(self, request: SubmitTune, stream) -> None:
+        """Tune in the daemon: its followers get its notices, trials and summary."""
+        if request.resume is not None and f"tune {request.resume}" in self.active:
+            message = f"tune {request.resume} runs in this daemon: `kbd attach --tune` follows it"
+            await stream.send(protocol.encode(Refused(message)))
+            return
+        try:
+            tune = session.begin(
+                request.spec,
+                self.store_path,
+                request.resume,
+                Path(request.log_dir) if request.log_dir else None,
+                self.store_path.parent / "logs",
+                request.command,
+            )
+        except InputError as exc:
+            await stream.send(protocol.encode(Refused(str(exc), exit_status=2)))
+            return
+        notes = tune.notes + self._budget_note(request.spec.sweep)
+        active = Active(
+            key=f"tune {tune.tune_id}",
+            command=request.command,
+            log_dir=tune.log_dir,
+            tune=tune,
+            finished=[protocol.encode(Notice(text)) for text in notes],
+        )
+        self.active[active.key] = active
+        log.info("%s: %d kernels (%s)", active.name, len(tune.tasks), active.command)
+        queue = None if request.detach else self._add_follower(active)
+        await stream.send(protocol.encode(active.accepted()))
+        assert self._group is not None
+        self._group.start_soon(self._execute_tune, active)
+        if queue is not None:
+            await self._forward(active, queue, stream, owner=False)
+
+    def _budget_note(self, options) -> list[str]:
+        if options.mem_budget is None:
+            return []
+        return [
+            "kbd: note: in the daemon, all sweeps share its memory budget "
+            f"({format_size(self.pool.budget)}); --mem-budget is not applied"
+        ]
+
+    async def follow(self, sweep_id: int | None, stream, *, tune: bool = False) -> None:
+        kind = "tune" if tune else "sweep"
+        ids = {a.key: a.tune_id if tune else a.sweep_id for a in self.active.values()}
+        candidates = [a for a in self.active.values() if ids[a.key] is not None]
         if sweep_id is not None:
-            candidates = [a for a in candidates if a.sweep_id == sweep_id]
+            candidates = [a for a in candidates if ids[a.key] == sweep_id]
         if not candidates:
-            which = f"sweep {sweep_id}" if sweep_id is not None else "sweep"
+            which = f"{kind} {sweep_id}" if sweep_id is not None else kind
+            stored = "`kbd tune --resume` continues" if tune else "`kbd results` shows"
             await stream.send(
-                protocol.encode(
-                    Refused(f"no active {which} in this daemon (`kbd results` shows stored ones)")
-                )
+                protocol.encode(Refused(f"no active {which} in this daemon ({stored} stored ones)"))
             )
             return
         active = candidates[-1]
@@ -247,11 +308,12 @@ class Work:
         else:
             store, resumed = None, None
         prepared = prepare.prepare(options, store, resumed, request.command)
-        key = prepared.sweep_id if prepared.sweep_id is not None else -next(self._runs)
+        run = None if prepared.sweep_id is not None else next(self._runs)
+        key = f"sweep {prepared.sweep_id}" if run is None else f"run {run}"
         if request.log_dir:
             log_dir = Path(request.log_dir)
         else:
-            name = f"sweep-{prepared.sweep_id}" if prepared.sweep_id else f"daemon-run-{-key}"
+            name = f"sweep-{prepared.sweep_id}" if run is None else f"daemon-run-{run}"
             log_dir = self.store_path.parent / "logs" / name
         return Active(key=key, prepared=prepared, command=request.command, log_dir=log_dir)
 
@@ -286,6 +348,37 @@ class Work:
             self.active.pop(active.key, None)
             for key in [k for k in self._rss if k[0] == active.key]:
                 del self._rss[key]
+
+    async def _execute_tune(self, active: Active) -> None:
+        tune = active.tune
+        options = tune.options.sweep
+        jobs = options.jobs or len(self.pool.cores)
+        started = time.monotonic()
+        completed, error = False, None
+
+        def replayed(message: msgspec.Struct) -> None:
+            active.finished.append(active.broadcast(message))
+
+        report = session.Report(notice=lambda text: replayed(Notice(text)), trial=replayed)
+        try:
+            spawner = await self._template(cores_per_worker(self.pool.cores, jobs))
+            runner = session.Here(
+                spawner, self.pool, jobs, options.timeout, tune.log_dir, active.control
+            )
+            completed = await session.tune(tune, runner, report)
+        except Exception as exc:
+            try:
+                error = fatal_error(exc)
+            except BaseException:
+                log.exception("%s failed", active.name)
+                error = repr(exc)
+        finally:
+            ended = session.finish(tune, completed, error)
+            log.info("%s: %s after %.1fs", active.name, ended.status, time.monotonic() - started)
+            active.broadcast(ended)
+            for follower in active.followers:
+                follower.close()
+            self.active.pop(active.key, None)
 
     def _hooks(self, active: Active, store: Store | None) -> Hooks:
         def started(kernel: str) -> None:

@@ -18,7 +18,7 @@ from kbd.caches import compile_cache, import_cache
 from kbd.engine import dumps, scheduler
 from kbd.engine.scheduler import Planned
 from kbd.engine.scratch import store_files
-from kbd.plan import catalog, descriptor, limits, pipelines, spec, tuned
+from kbd.plan import catalog, descriptor, limits, pipelines, spec, target, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.invocation import DEFAULT_DB
 from kbd.plan.spec import SweepSpec
@@ -143,12 +143,20 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
     return scheduler.order(plans)
 
 
-def chooser_for(options: SweepSpec, store: Store | None) -> pipelines.Chooser:
-    """The pipeline chooser of a plan, with the tuned configurations it applies."""
-    jobs = options.jobs or len(limits.usable_cores())
-    threads = scheduler.cores_per_worker(limits.usable_cores(), jobs)
+def chooser_for(
+    options: SweepSpec,
+    store: Store | None,
+    machine: target.Machine | None = None,
+    threads: int | None = None,
+) -> pipelines.Chooser:
+    """The pipeline chooser of a plan, with the tuned configurations it applies: for this
+    machine with workers of `cores / -j` cores, or for `machine` with workers of `threads`
+    (a cluster node's, kbd.tune.remote)."""
+    if threads is None:
+        jobs = options.jobs or len(limits.usable_cores())
+        threads = scheduler.cores_per_worker(limits.usable_cores(), jobs)
     configs = tuned.lookup(tuned_configurations(options, store)) if options.tuned else {}
-    return pipelines.Chooser(options, SCHEDULES_DIR, configs, threads)
+    return pipelines.Chooser(options, SCHEDULES_DIR, configs, threads, machine)
 
 
 def tuned_configurations(options: SweepSpec, store: Store | None) -> list[tuned.Tuned]:

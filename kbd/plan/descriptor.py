@@ -23,7 +23,6 @@ directory. Pure Python: the supervisor expands pipelines without importing torch
 
 from __future__ import annotations
 
-import platform
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,8 +71,8 @@ def find_pipeline(
 
 def host_target() -> tuple[str, list[str]]:
     """This machine's architecture and CPU feature flags (from /proc/cpuinfo)."""
-    fields = target.cpuinfo()
-    return platform.machine(), (fields.get("flags") or fields.get("Features") or "").split()
+    machine = target.this_machine()
+    return machine.arch, machine.flags
 
 
 # --- command-line specs ---------------------------------------------------------------------

@@ -33,11 +33,12 @@ class Invocation(msgspec.Struct, frozen=True, kw_only=True):
     log_dir: str | None = None  # where per-kernel logs go; None: .kbd/logs/<run>
     # auto: use the store's daemon when one runs; yes: start one if none runs; no: never
     daemon: Literal["auto", "yes", "no"] = "auto"
-    detach: bool = False  # `kbd sweep --detach`: submit to the daemon and return
-    resume: str | None = None  # `kbd sweep --resume [ID]`: a sweep id or "latest"
+    detach: bool = False  # `kbd sweep --detach`, `kbd tune --detach`: submit to the daemon
+    resume: str | None = None  # `kbd sweep/tune --resume [ID]`: an id or "latest"
     cluster: str | None = None  # `--cluster ADDRESS`, as given
     id: int | None = None  # the sweep of `kbd attach`, `cancel` and `results`
     kill: bool = False  # `kbd cancel --kill`
+    tune: bool = False  # `kbd attach --tune`, `kbd cancel --tune`: `id` is a tuning session's
 
     @classmethod
     def of(cls, args: Namespace) -> Invocation:

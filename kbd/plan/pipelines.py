@@ -42,9 +42,10 @@ class Chosen(NamedTuple):
     families: dict[str, FamilyPipeline] = {}  # rule 3: the worker chooses among these
 
 
-def target_of(options: SweepSpec) -> tuple[str, list[str]]:
-    """The finder's architecture and features, best first: the host's unless overridden."""
-    arch, flags = descriptor.host_target()
+def target_of(options: SweepSpec, machine: target.Machine | None = None) -> tuple[str, list[str]]:
+    """The finder's architecture and features, best first: the host's (or `machine`'s) unless
+    overridden."""
+    arch, flags = (machine.arch, machine.flags) if machine else descriptor.host_target()
     features = target.ranked(flags) if options.features is None else list(options.features)
     return options.target or arch, features
 
@@ -61,10 +62,14 @@ class Chooser:
         schedules_dir: Path,
         tuned_configs: dict[str, space.Config] | None = None,
         threads: int = 1,
+        machine: target.Machine | None = None,
     ):
+        """`machine`: the CPU to choose for (None: this one's; a cluster node's when tuning
+        there); `threads`: cores per worker, part of a tuning task's key."""
         self.options = options
         self.schedules_dir = schedules_dir
-        self.arch, self.features = target_of(options)
+        self.machine = machine
+        self.arch, self.features = target_of(options, machine)
         self.tuned = tuned_configs or {}  # by task key hash
         self.threads = threads
         self._spaces: dict[Path, space.Space | None] = {}
@@ -127,7 +132,7 @@ class Chooser:
             self._source(entry),
             arch=self.arch,
             features=self.features,
-            cpu=target.cpu_model(),
+            cpu=self.machine.cpu if self.machine else target.cpu_model(),
             threads=self.threads,
         )
 

@@ -289,6 +289,17 @@ def parse_shard(text: str) -> Shard:
     return Shard(index, count)
 
 
+class TuneSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What `kbd tune` does (kbd.tune.session): the sweep options of its candidates, and how to
+    search. Stored with its session, to resume; shipped to a daemon as it is."""
+
+    sweep: SweepSpec  # selection, compilation, limits; `bench` is the confirmation protocol
+    descriptor: str | None = None  # --pipeline: the tunable descriptor (None: the finder's)
+    budget: int = TuneDefaults().budget  # measurements per kernel
+    search_time_s: float = TuneDefaults().search_time_s  # per side and candidate, searching
+    seed: int = 0
+
+
 def parse_cluster(text: str | None) -> str | None:
     """`--cluster ADDRESS|auto|local`: local (or no option) means this machine."""
     return None if text is None or text == LOCAL else text

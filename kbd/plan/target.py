@@ -14,6 +14,8 @@ import platform
 from collections.abc import Iterable
 from pathlib import Path
 
+import msgspec
+
 # Feature directories the finder picks by itself, best first; after them comes the
 # architecture's generic schedule (schedules/<arch>/<family>/). A feature directory not ranked
 # here is only used when named with --feature.
@@ -46,6 +48,23 @@ def cpu_model(flags: Iterable[str] = ()) -> str:
     shown = [flag for flag in flags if flag in present]
     numbers = f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
     return f"{name} ({numbers}{', ' + ' '.join(shown) if shown else ''})"
+
+
+class Machine(msgspec.Struct, frozen=True, kw_only=True):
+    """The CPU a schedule is chosen and tuned for: what a tuning task key says of a machine.
+    A cluster node reports its own (kbd.cluster.wire.NodeInfo), so that a task tuned there is
+    keyed by that node's CPU, not by the head's."""
+
+    arch: str  # platform.machine()
+    flags: list[str]  # /proc/cpuinfo's feature flags
+    cpu: str  # cpu_model()
+
+
+def this_machine() -> Machine:
+    """This machine's architecture, feature flags and CPU model."""
+    fields = cpuinfo()
+    flags = (fields.get("flags") or fields.get("Features") or "").split()
+    return Machine(arch=platform.machine(), flags=flags, cpu=cpu_model())
 
 
 def cpuinfo() -> dict[str, str]:

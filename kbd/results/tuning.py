@@ -122,7 +122,7 @@ class TuningStore:
         found = row.fetchone()
         if found is None:
             what = "no tuning session" if tune_id is None else f"no tuning session {tune_id}"
-            raise InputError(f"{self.store.path}: {what} to resume")
+            raise InputError(f"{self.store.path}: {what}")
         return found[0], found[1]
 
     def set_status(self, tune_id: int, status: str) -> None:

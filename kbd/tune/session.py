@@ -9,40 +9,40 @@ ends (kbd.results.tuning), whatever its outcome. The search (kbd.tune.search) ne
 configuration twice. Then the best and the default are timed again with the full benchmark
 protocol (`--bench-processes` fresh processes each, 3 by default): the best is adopted when its
 speedup's interval lies above the default's, else the default stays, and the record says so.
+
+Where candidates run is a `Runner`: this machine's pool and a warm template (`Here`: in this
+process, or in the daemon with its pool and template, kbd.daemon.work), or one cluster node
+(kbd.tune.remote). What a tune says goes to a `Report` as kbd.tune.events messages: printed
+here, or sent to the daemon's followers. A session is begun (`begin`: planned, stored,
+its trials loaded), tuned (`tune`) and finished (`finish`: its status and summary).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
 from kbd.engine import prepare, scheduler, spawner
-from kbd.plan import descriptor, limits, space, tuned
+from kbd.engine.scheduler import Control, Hooks, Planned, Pool
+from kbd.plan import descriptor, limits, pipelines, space, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.space import Config, Space
-from kbd.plan.spec import SweepSpec, TuneDefaults
+from kbd.plan.spec import SweepSpec, TuneSpec
 from kbd.results.record import Record
 from kbd.results.store import Store
 from kbd.results.tuning import Trial, TuningStore, trial_of
-from kbd.shared.errors import InputError, TemplateError, fatal_error
+from kbd.shared.errors import ClusterError, InputError, TemplateError, fatal_error
 from kbd.shared.protocol import BenchOptions
+from kbd.tune.events import TaskRow, TrialEnded, TuneEnded
 from kbd.tune.search import Search, best
 
 EXIT_OK, EXIT_FAILED = 0, 1
-
-
-class TuneSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What `kbd tune` does: the sweep options of its candidates, and how to search."""
-
-    sweep: SweepSpec  # selection, compilation, limits; `bench` is the confirmation protocol
-    descriptor: str | None = None  # --pipeline: the tunable descriptor (None: the finder's)
-    budget: int = TuneDefaults().budget  # measurements per kernel
-    search_time_s: float = TuneDefaults().search_time_s  # per side and candidate, searching
-    seed: int = 0
 
 
 @dataclass
@@ -52,53 +52,165 @@ class Task:
     space: Space
     key: tuned.TaskKey
     configs: list[Config]
-    planned: scheduler.Planned  # the kernel's job, whose pipeline each candidate replaces
+    planned: Planned  # the kernel's job, whose pipeline each candidate replaces
     trials: list[Trial] = field(default_factory=list)
     outcome: str = ""  # the summary's verdict
 
 
-def run(options: TuneSpec, db: Path, resume: str | None, log_dir: Path | None, command: str) -> int:
-    """Tune the selected kernels; the exit status."""
-    store = Store(db)
-    tuning = TuningStore(store)
-    if resume is not None:
-        tune_id, text = tuning.session(None if resume == "latest" else _number(resume))
-        options = _decode(text, f"{store.path}: tuning session {tune_id}")
-        print(f"kbd tune: resuming session {tune_id}", file=sys.stderr)
-    else:
-        tune_id = None
-    tasks, skipped = _tasks(options)
+@dataclass
+class Session:
+    """A tune ready to run: its stored session, its tasks with their trials so far."""
+
+    options: TuneSpec
+    tuning: TuningStore
+    tune_id: int
+    tasks: list[Task]
+    log_dir: Path
+    notes: list[str]  # what to say first (resuming, kernels skipped)
+
+
+@dataclass
+class Report:
+    """Where a tune's messages go: this terminal, or the daemon's followers."""
+
+    notice: Callable[[str], None]
+    trial: Callable[[TrialEnded], None]
+
+
+class Runner(Protocol):
+    """Where a task's candidates run; `jobs` of them at once."""
+
+    jobs: int
+
+    async def run(self, plans: list[Planned], hooks: Hooks) -> bool:
+        """Run every plan, calling `hooks`; False when stopped before all had a record."""
+
+
+@dataclass
+class Here:
+    """Candidates on a pool of this machine's cores and a warm template: a `kbd tune` process's
+    own, or the daemon's (with its `control`, as its sweeps)."""
+
+    spawner: spawner.Spawner
+    pool: Pool
+    jobs: int
+    timeout: float
+    log_dir: Path
+    control: Control | None = None  # None: Ctrl-C and SIGTERM stop the tune
+
+    async def run(self, plans: list[Planned], hooks: Hooks) -> bool:
+        return await scheduler.execute(
+            self.spawner,
+            plans,
+            pool=self.pool,
+            jobs=self.jobs,
+            timeout=self.timeout,
+            log_dir=self.log_dir,
+            hooks=hooks,
+            control=self.control,
+        )
+
+
+def run(
+    options: TuneSpec,
+    db: Path,
+    tune_id: int | None,
+    log_dir: Path | None,
+    command: str,
+    execute: Callable[[Session, Report], bool] | None = None,
+) -> int:
+    """Tune in this process; the exit status. `tune_id`: the stored session to resume, whose
+    options `options` are. `execute` runs the session's tasks (default: on this machine's cores;
+    kbd.cluster.tuning.execute: on a Ray cluster)."""
+    from kbd.tune import show as view
+
+    session = begin(options, db, tune_id, log_dir, Path(".kbd") / "logs", command)
+    report = Report(notice=_say, trial=view.show_trial)
+    for note in session.notes:
+        report.notice(note)
+    completed, error = False, None
+    try:
+        completed = (execute or _tune_here)(session, report)
+    except (TemplateError, ClusterError, BaseExceptionGroup) as exc:
+        error = fatal_error(exc)
+    ended = finish(session, completed, error)
+    view.show_end(ended)
+    return ended.exit_status
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def stored(tuning: TuningStore, resume: str) -> tuple[int, TuneSpec]:
+    """The id and options of the session `--resume` names ("latest" or an id)."""
+    tune_id, text = tuning.session(None if resume == "latest" else _number(resume))
+    return tune_id, _decode(text, f"{tuning.store.path}: tuning session {tune_id}")
+
+
+def begin(
+    options: TuneSpec,
+    db: Path,
+    tune_id: int | None,
+    log_dir: Path | None,
+    logs: Path,
+    command: str,
+) -> Session:
+    """Plan the tasks, create the stored session (or mark `tune_id`'s running again) and load
+    each task's trials. Raises InputError when there is nothing to tune. Logs go to `log_dir`,
+    else to `logs`/tune-ID."""
+    tuning = TuningStore(Store(db))
+    notes = [f"kbd tune: resuming session {tune_id}"] if tune_id is not None else []
+    tasks, skipped = plan_tasks(options)
     if not tasks:
         first = skipped[0].removeprefix("kbd tune: ").removesuffix("; skipped")
         more = f" (and {len(skipped) - 1} more kernels)" if len(skipped) > 1 else ""
         raise InputError(f"nothing to tune: {first}{more}")
     if tune_id is None:
         tune_id = tuning.create(command, msgspec.json.encode(options).decode())
-    log_dir = log_dir or Path(".kbd") / "logs" / f"tune-{tune_id}"
-    for line in skipped:
-        print(line, file=sys.stderr)
+    else:
+        tuning.set_status(tune_id, "running")
+    session = Session(
+        options, tuning, tune_id, tasks, log_dir or logs / f"tune-{tune_id}", notes + skipped
+    )
     for task in tasks:
-        # every session's failures (never run again), and this session's measurements
-        ours = tuning.trials(task.key.hash(), tune_id)
-        failed = [t for t in tuning.trials(task.key.hash()) if t.outcome != "pass"]
-        task.trials = ours + [t for t in failed if t not in ours]
-    try:
-        completed = _execute(options, tasks, tuning, tune_id, log_dir)
-    except (TemplateError, BaseExceptionGroup) as exc:
-        print(f"kbd: error: {fatal_error(exc)}", file=sys.stderr)
-        tuning.set_status(tune_id, "interrupted")
-        return EXIT_FAILED
-    tuning.set_status(tune_id, "done" if completed else "interrupted")
-    _summary(tasks)
+        load_trials(session, task)
+    return session
+
+
+def load_trials(session: Session, task: Task) -> None:
+    """The task's trials so far: this session's measurements and every session's failures
+    (never run again)."""
+    ours = session.tuning.trials(task.key.hash(), session.tune_id)
+    failed = [t for t in session.tuning.trials(task.key.hash()) if t.outcome != "pass"]
+    task.trials = ours + [t for t in failed if t not in ours]
+
+
+async def tune(session: Session, runner: Runner, report: Report) -> bool:
+    """Tune every task in turn on `runner`; False when stopped before the end."""
+    for task in session.tasks:
+        if not await tune_task(session, task, runner, report):
+            return False
+    return True
+
+
+def finish(session: Session, completed: bool, error: str | None = None) -> TuneEnded:
+    """Store how the session ended; its summary, closing lines and exit status."""
+    tune_id = session.tune_id
+    status = "done" if completed and error is None else "interrupted"
+    session.tuning.set_status(tune_id, status)
+    resume = f"kbd tune: interrupted; `kbd tune --resume {tune_id}` continues"
+    if error is not None:
+        return TuneEnded(tune_id, status, [], [f"kbd: error: {error}", resume], EXIT_FAILED)
+    rows = [_row(task) for task in session.tasks]
     if not completed:
-        print(f"kbd tune: interrupted; `kbd tune --resume {tune_id}` continues", file=sys.stderr)
-        return EXIT_FAILED
-    failed = [t for t in tasks if not any(x.timed for x in t.trials)]
-    for task in failed:
-        print(
-            f"kbd tune: {task.entry.name}: no configuration passed and was timed", file=sys.stderr
-        )
-    return EXIT_FAILED if failed else EXIT_OK
+        return TuneEnded(tune_id, status, rows, [resume], EXIT_FAILED)
+    closing = [
+        f"kbd tune: {task.entry.name}: no configuration passed and was timed"
+        for task in session.tasks
+        if not any(x.timed for x in task.trials)
+    ]
+    return TuneEnded(tune_id, status, rows, closing, EXIT_FAILED if closing else EXIT_OK)
 
 
 def _number(text: str) -> int:
@@ -115,72 +227,61 @@ def _decode(text: str, where: str) -> TuneSpec:
         raise InputError(f"{where}: stored options are not valid ({exc})") from None
 
 
-def _tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
-    """One task per selected kernel with a tunable schedule; lines saying why others have none."""
-    # Candidates are timed (the JIT's -O of a benchmark) and not compile-cached (a tune would
-    # flush the cache's useful entries with configurations that lose).
-    sweep = msgspec.structs.replace(
+def candidates_spec(options: TuneSpec) -> SweepSpec:
+    """The sweep options of every candidate's job. Candidates are timed (the JIT's -O of a
+    benchmark) and not compile-cached (a tune would flush the cache's useful entries with
+    configurations that lose)."""
+    return msgspec.structs.replace(
         options.sweep, tuned=False, pipeline=(), compile_cache=False, bench=BenchOptions()
     )
+
+
+def plan_tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
+    """One task per selected kernel with a tunable schedule, for this machine; lines saying why
+    others have none."""
+    sweep = candidates_spec(options)
     chooser = prepare.chooser_for(sweep, None)
-    target = space.target_for(chooser.features)
     tasks, skipped = [], []
     for planned in prepare.plan(sweep, None):
-        entry = planned.entry
-        if options.descriptor is not None:
-            path = Path(options.descriptor)
+        task = task_for(options, planned, chooser)
+        if isinstance(task, str):
+            skipped.append(f"kbd tune: {planned.entry.name}: {task}; skipped")
         else:
-            path = chooser.descriptor_for(entry)
-        if path is None:
-            why = (
-                "its levels entry names no family (--pipeline names a descriptor to tune)"
-                if entry.schedule_family is None
-                else f"no {entry.schedule_family} {entry.dtype} schedule for this CPU"
-            )
-            skipped.append(f"kbd tune: {entry.name}: {why}; skipped")
-            continue
-        if entry.inputs is None:
-            skipped.append(f"kbd tune: {entry.name}: its levels entry has no input shapes; skipped")
-            continue
-        tunable = space.load(path)
-        if tunable is None:
-            skipped.append(f"kbd tune: {entry.name}: {path} declares no Tune space; skipped")
-            continue
-        key = chooser.task(entry, path)
-        tasks.append(Task(entry, path, tunable, key, tunable.configs(target), planned))
+            tasks.append(task)
     return tasks, skipped
 
 
-def _execute(options: TuneSpec, tasks: list[Task], tuning: TuningStore, tune_id: int, log_dir):
-    import anyio
+def task_for(options: TuneSpec, planned: Planned, chooser: pipelines.Chooser) -> Task | str:
+    """The tuning task of one planned kernel for the chooser's machine, or why it has none."""
+    entry = planned.entry
+    if options.descriptor is not None:
+        path = Path(options.descriptor)
+    else:
+        path = chooser.descriptor_for(entry)
+    if path is None:
+        if entry.schedule_family is None:
+            return "its levels entry names no family (--pipeline names a descriptor to tune)"
+        return f"no {entry.schedule_family} {entry.dtype} schedule for this CPU"
+    if entry.inputs is None:
+        return "its levels entry has no input shapes"
+    tunable = space.load(path)
+    if tunable is None:
+        return f"{path} declares no Tune space"
+    key = chooser.task(entry, path)
+    configs = tunable.configs(space.target_for(chooser.features))
+    return Task(entry, path, tunable, key, configs, planned)
 
-    pool = scheduler.Pool(
-        limits.usable_cores(), options.sweep.mem_budget or limits.default_budget()
-    )
-    jobs = options.sweep.jobs or len(pool.cores)
-    env = spawner.template_env(scheduler.cores_per_worker(pool.cores, jobs))
-    return anyio.run(_tune_all, options, tasks, tuning, tune_id, log_dir, pool, jobs, env)
 
-
-async def _tune_all(options, tasks, tuning, tune_id, log_dir, pool, jobs, env) -> bool:
-    from kbd.engine.spawner import Spawner
-
-    async with Spawner.started(env, log_dir / "template.log") as started:
-        for task in tasks:
-            if not await _tune_one(options, task, tuning, tune_id, log_dir, pool, jobs, started):
-                return False
-    return True
-
-
-async def _tune_one(options, task: Task, tuning, tune_id, log_dir, pool, jobs, started) -> bool:
+async def tune_task(session: Session, task: Task, runner: Runner, report: Report) -> bool:
+    """Search one task's configurations and confirm the best; False when stopped."""
+    options = session.options
     name = task.entry.name
-    seeds = _seeds(tuning, task)
+    seeds = _seeds(session.tuning, task)
     search = Search(task.space, task.configs, options.budget, seeds, options.seed)
     how = "every configuration" if search.exhaustive else f"{options.budget} of them"
-    print(
+    report.notice(
         f"kbd tune: {name}: {len(task.configs)} valid configurations of {task.path.name}"
-        f" ({task.space.size()} before constraints); measuring {how}",
-        file=sys.stderr,
+        f" ({task.space.size()} before constraints); measuring {how}"
     )
     search_bench = BenchOptions(
         min_time_s=options.search_time_s,
@@ -190,7 +291,7 @@ async def _tune_one(options, task: Task, tuning, tune_id, log_dir, pool, jobs, s
         inductor=False,
     )
     counter = len({tuned.config_text(t.config) for t in task.trials if t.stage == "search"})
-    while batch := search.next(task.trials, max(2, 2 * jobs)):
+    while batch := search.next(task.trials, max(2, 2 * runner.jobs)):
         plans = {}
         for config in batch:
             counter += 1
@@ -198,15 +299,13 @@ async def _tune_one(options, task: Task, tuning, tune_id, log_dir, pool, jobs, s
                 config,
                 _plan(options, task, config, search_bench, counter),
             )
-        ok = await _run(
-            plans, "search", task, tuning, tune_id, log_dir, pool, jobs, started, options
-        )
-        if not ok:
+        if not await _run(session, task, plans, "search", runner, report):
             return False
-    return await _confirm(options, task, tuning, tune_id, log_dir, pool, jobs, started)
+    return await _confirm(session, task, runner, report)
 
 
-async def _confirm(options, task: Task, tuning, tune_id, log_dir, pool, jobs, started) -> bool:
+async def _confirm(session: Session, task: Task, runner: Runner, report: Report) -> bool:
+    options, tuning, tune_id = session.options, session.tuning, session.tune_id
     name = task.entry.name
     default = task.configs[0]
     winner = best(task.trials)
@@ -231,9 +330,7 @@ async def _confirm(options, task: Task, tuning, tune_id, log_dir, pool, jobs, st
     for index, config in enumerate(wanted.values()):
         label = _label(name, f"confirm{index}")
         plans[label] = (config, _plan(options, task, config, confirm_bench, f"confirm{index}"))
-    if plans and not await _run(
-        plans, "confirm", task, tuning, tune_id, log_dir, pool, jobs, started, options
-    ):
+    if plans and not await _run(session, task, plans, "confirm", runner, report):
         return False
     confirmed = {tuned.config_text(t.config): t for t in task.trials if t.stage == "confirm"}
     base = confirmed.get(tuned.config_text(default))
@@ -263,32 +360,21 @@ async def _confirm(options, task: Task, tuning, tune_id, log_dir, pool, jobs, st
         ),
         tune_id,
     )
-    print(f"kbd tune: {name}: {task.outcome}", file=sys.stderr)
+    report.notice(f"kbd tune: {name}: {task.outcome}")
     return True
 
 
-async def _run(plans, stage, task, tuning, tune_id, log_dir, pool, jobs, started, options) -> bool:
-    from kbd.engine.scheduler import Hooks
-
+async def _run(session: Session, task: Task, plans, stage: str, runner: Runner, report) -> bool:
     by_label = {label: config for label, (config, _) in plans.items()}
 
     def finished(record: Record) -> None:
-        config = by_label[record.kernel]
-        trial = trial_of(record, config, stage)
-        tuning.add_trial(tune_id, task.key.hash(), task.entry.name, trial, record)
+        trial = trial_of(record, by_label[record.kernel], stage)
+        session.tuning.add_trial(session.tune_id, task.key.hash(), task.entry.name, trial, record)
         task.trials.append(trial)
-        print(_line(task, trial, stage), file=sys.stderr, flush=True)
+        report.trial(_ended(task, trial))
 
-    hooks = Hooks(finished=finished, notice=lambda text: print(text, file=sys.stderr))
-    return await scheduler.execute(
-        started,
-        [planned for _, planned in plans.values()],
-        pool=pool,
-        jobs=jobs,
-        timeout=options.sweep.timeout,
-        log_dir=log_dir,
-        hooks=hooks,
-    )
+    hooks = Hooks(finished=finished, notice=report.notice)
+    return await runner.run([planned for _, planned in plans.values()], hooks)
 
 
 def _label(kernel: str, counter) -> str:
@@ -307,7 +393,7 @@ def _plan(options: TuneSpec, task: Task, config: Config, bench: BenchOptions, co
         task.planned.job, stages=stages, pipeline=pipeline, families={}, bench=bench
     )
     entry = msgspec.structs.replace(task.entry, kernel=f"{_label(task.entry.name, counter)}.py")
-    return scheduler.Planned(entry=entry, job=job, memory=task.planned.memory, expected_s=1.0)
+    return Planned(entry=entry, job=job, memory=task.planned.memory, expected_s=1.0)
 
 
 def _seeds(tuning: TuningStore, task: Task) -> list[Config]:
@@ -325,42 +411,55 @@ def _seeds(tuning: TuningStore, task: Task) -> list[Config]:
     return found
 
 
-def _line(task: Task, trial: Trial, stage: str) -> str:
+def _ended(task: Task, trial: Trial) -> TrialEnded:
     searched = [t for t in task.trials if t.stage == "search"]
-    failures = sum(1 for t in searched if t.outcome != "pass")
     top = best(task.trials)
-    config = " ".join(f"{k}={v}" for k, v in sorted(trial.config.items()))
-    if trial.timed:
-        result = f"{trial.speedup:.3g}x [{trial.low:.3g}, {trial.high:.3g}]"
-    else:
-        result = (
-            f"{trial.outcome} ({trial.phase}{': ' + trial.message[:80] if trial.message else ''})"
-        )
-    where = f"{len(searched)} measured, {failures} failed" if stage == "search" else "confirming"
-    leader = f"best {top.speedup:.3g}x" if top is not None else "nothing timed yet"
-    return f"  {task.entry.name} {{{config}}}: {result}   [{where}; {leader}]"
+    return TrialEnded(
+        kernel=task.entry.name,
+        trial=trial,
+        measured=len(searched),
+        failed=sum(1 for t in searched if t.outcome != "pass"),
+        best=top.speedup if top is not None else None,
+    )
 
 
-def _summary(tasks: list[Task]) -> None:
-    header = f"{'kernel':40} {'configs':>7} {'measured':>9}  {'failed':>6}  default     best"
-    print(f"\n{header}   verdict")
-    for task in tasks:
-        searched = [t for t in task.trials if t.stage == "search"]
-        by_config = {tuned.config_text(t.config): t for t in searched}
-        default = by_config.get(tuned.config_text(task.configs[0]))
-        top = best(task.trials)
-        failures: dict[str, int] = {}
-        for trial in by_config.values():
-            if trial.outcome != "pass":
-                failures[trial.outcome] = failures.get(trial.outcome, 0) + 1
-        failed = ", ".join(f"{n} {o}" for o, n in sorted(failures.items())) or "0"
-        print(
-            f"{task.entry.name[:40]:40} {len(task.configs):>7} {len(by_config):>9}  {failed:>6}"
-            f"  {_x(default)}  {_x(top)}   {task.outcome}"
-        )
+def _row(task: Task) -> TaskRow:
+    searched = [t for t in task.trials if t.stage == "search"]
+    by_config = {tuned.config_text(t.config): t for t in searched}
+    default = by_config.get(tuned.config_text(task.configs[0]))
+    top = best(task.trials)
+    failures: dict[str, int] = {}
+    for trial in by_config.values():
+        if trial.outcome != "pass":
+            failures[trial.outcome] = failures.get(trial.outcome, 0) + 1
+    return TaskRow(
+        kernel=task.entry.name,
+        configs=len(task.configs),
+        measured=len(by_config),
+        failed=", ".join(f"{n} {o}" for o, n in sorted(failures.items())) or "0",
+        default=_speedup(default),
+        best=_speedup(top),
+        verdict=task.outcome,
+    )
 
 
-def _x(trial: Trial | None) -> str:
-    if trial is None or not trial.timed:
-        return "     -"
-    return f"{trial.speedup:5.3g}x" if math.isfinite(trial.speedup) else "     -"
+def _speedup(trial: Trial | None) -> float | None:
+    if trial is None or not trial.timed or not math.isfinite(trial.speedup):
+        return None
+    return trial.speedup
+
+
+def _tune_here(session: Session, report: Report) -> bool:
+    import anyio
+
+    sweep = session.options.sweep
+    pool = Pool(limits.usable_cores(), sweep.mem_budget or limits.default_budget())
+    jobs = sweep.jobs or len(pool.cores)
+    env = spawner.template_env(scheduler.cores_per_worker(pool.cores, jobs))
+
+    async def main() -> bool:
+        async with spawner.Spawner.started(env, session.log_dir / "template.log") as started:
+            runner = Here(started, pool, jobs, sweep.timeout, session.log_dir)
+            return await tune(session, runner, report)
+
+    return anyio.run(main)
