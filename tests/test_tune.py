@@ -166,7 +166,8 @@ def _trials(path: Path) -> list[tuple]:
 
 def test_faulty_configurations_are_classified_once_and_the_tune_completes(tmp_path):
     """The fixture space: wrong results, a segfault, a run of minutes, 4 GiB under a 1 GiB
-    limit (compiled code gets NULL from malloc and dies of SIGSEGV), and two good ones."""
+    limit (compiled code gets NULL from malloc: `memory` where it ran, naming the size), and
+    two good ones."""
     result = _tune(tmp_path)
     assert result.returncode == 0, result.stderr
     trials = [t for t in _trials(tmp_path / "tune.db") if t[2] == "search"]
@@ -178,10 +179,13 @@ def test_faulty_configurations_are_classified_once_and_the_tune_completes(tmp_pa
     assert outcomes["wrong"][0] == "mismatch"
     assert outcomes["segv"][:2] == ("crash", "run") and "SIGSEGV" in outcomes["segv"][2]
     assert outcomes["hang"][0] == "timeout"
-    assert outcomes["memory"][0] == "crash"
+    assert outcomes["memory"][:2] == ("memory", "run")
+    assert (
+        "allocation of 4294967360 bytes (4.0 GiB) failed (limit 1.0 GiB)" in outcomes["memory"][2]
+    )
     assert outcomes["ok"][0] == "pass"
     assert len(trials) == 6 and "measuring every configuration" in result.stderr
-    assert "2 crash, 1 mismatch, 1 timeout" in result.stdout
+    assert "1 crash, 1 memory, 1 mismatch, 1 timeout" in result.stdout
     # A new session measures the good configurations again, never the failing ones.
     again = _tune(tmp_path)
     assert again.returncode == 0, again.stderr
