@@ -13,7 +13,6 @@ speedup's interval lies above the default's, else the default stays, and the rec
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,14 @@ from kbd.plan import descriptor, limits, space, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.space import Config, Space
 from kbd.plan.spec import SweepSpec, TuneDefaults
+from kbd.results import tune_summary
 from kbd.results.record import Record
 from kbd.results.store import Store
+from kbd.results.tune_summary import best
 from kbd.results.tuning import Trial, TuningStore, trial_of
 from kbd.shared.errors import InputError, TemplateError, fatal_error
 from kbd.shared.protocol import BenchOptions
-from kbd.tune.search import Search, best
+from kbd.tune.search import Search
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -54,7 +55,6 @@ class Task:
     configs: list[Config]
     planned: scheduler.Planned  # the kernel's job, whose pipeline each candidate replaces
     trials: list[Trial] = field(default_factory=list)
-    outcome: str = ""  # the summary's verdict
 
 
 def run(options: TuneSpec, db: Path, resume: str | None, log_dir: Path | None, command: str) -> int:
@@ -78,6 +78,10 @@ def run(options: TuneSpec, db: Path, resume: str | None, log_dir: Path | None, c
     for line in skipped:
         print(line, file=sys.stderr)
     for task in tasks:
+        key, default = task.key, task.configs[0]
+        tuning.add_task(
+            tune_id, key.hash(), task.entry.name, key.descriptor, len(task.configs), default
+        )
         # every session's failures (never run again), and this session's measurements
         ours = tuning.trials(task.key.hash(), tune_id)
         failed = [t for t in tuning.trials(task.key.hash()) if t.outcome != "pass"]
@@ -207,63 +211,41 @@ async def _tune_one(options, task: Task, tuning, tune_id, log_dir, pool, jobs, s
 
 
 async def _confirm(options, task: Task, tuning, tune_id, log_dir, pool, jobs, started) -> bool:
+    """Time the best and the default again in fresh processes, unless the verdict needs no
+    confirmation (tune_summary.verdict), and record the verdict."""
     name = task.entry.name
     default = task.configs[0]
-    winner = best(task.trials)
-    if winner is None:
-        task.outcome = "every configuration failed"
+    verdict = tune_summary.verdict(task.trials, default)
+    if verdict.confirming:
+        confirm_bench = options.sweep.bench or BenchOptions()
+        done = {tuned.config_text(t.config) for t in task.trials if t.stage == "confirm"}
+        wanted = [
+            c for c in (default, best(task.trials).config) if tuned.config_text(c) not in done
+        ]
+        plans = {}
+        for index, config in enumerate(wanted):
+            label = _label(name, f"confirm{index}")
+            plans[label] = (config, _plan(options, task, config, confirm_bench, f"confirm{index}"))
+        if not await _run(
+            plans, "confirm", task, tuning, tune_id, log_dir, pool, jobs, started, options
+        ):
+            return False
+        verdict = tune_summary.verdict(task.trials, default)
+    if best(task.trials) is None:  # nothing passed: nothing to record
         return True
-    confirm_bench = options.sweep.bench or BenchOptions()
-    done = [t for t in task.trials if t.stage == "confirm"]
-    if winner.config == default:
-        task.outcome = "the default is the fastest configuration measured"
-        tuning.adopt(
-            tuned.Tuned(
-                key=task.key, kernel=name, config=default, adopted=False, note=task.outcome
-            ),
-            tune_id,
-        )
-        return True
-    wanted = {tuned.config_text(c): c for c in (default, winner.config)}
-    for trial in done:
-        wanted.pop(tuned.config_text(trial.config), None)
-    plans = {}
-    for index, config in enumerate(wanted.values()):
-        label = _label(name, f"confirm{index}")
-        plans[label] = (config, _plan(options, task, config, confirm_bench, f"confirm{index}"))
-    if plans and not await _run(
-        plans, "confirm", task, tuning, tune_id, log_dir, pool, jobs, started, options
-    ):
-        return False
-    confirmed = {tuned.config_text(t.config): t for t in task.trials if t.stage == "confirm"}
-    base = confirmed.get(tuned.config_text(default))
-    top = confirmed.get(tuned.config_text(winner.config))
-    if base is None or top is None or not base.timed or not top.timed:
-        task.outcome = "confirmation failed: the default stays"
-        adopted, config, gain, low = False, default, None, None
-    else:
-        gain = top.speedup / base.speedup
-        low = top.low / base.high
-        adopted = low > 1.0
-        config = winner.config if adopted else default
-        task.outcome = (
-            f"adopted: {gain:.2f}x the default, interval above {low:.2f}x"
-            if adopted
-            else f"no confirmed gain ({gain:.2f}x, interval down to {low:.2f}x): the default stays"
-        )
+    print(f"kbd tune: {name}: {verdict.text}", file=sys.stderr)
     tuning.adopt(
         tuned.Tuned(
             key=task.key,
             kernel=name,
-            config=config,
-            adopted=adopted,
-            gain=gain,
-            gain_low=low,
-            note=task.outcome,
+            config=verdict.config if verdict.adopted else default,
+            adopted=verdict.adopted,
+            gain=verdict.gain,
+            gain_low=verdict.gain_low,
+            note=verdict.text,
         ),
         tune_id,
     )
-    print(f"kbd tune: {name}: {task.outcome}", file=sys.stderr)
     return True
 
 
@@ -342,25 +324,11 @@ def _line(task: Task, trial: Trial, stage: str) -> str:
 
 
 def _summary(tasks: list[Task]) -> None:
-    header = f"{'kernel':40} {'configs':>7} {'measured':>9}  {'failed':>6}  default     best"
-    print(f"\n{header}   verdict")
-    for task in tasks:
-        searched = [t for t in task.trials if t.stage == "search"]
-        by_config = {tuned.config_text(t.config): t for t in searched}
-        default = by_config.get(tuned.config_text(task.configs[0]))
-        top = best(task.trials)
-        failures: dict[str, int] = {}
-        for trial in by_config.values():
-            if trial.outcome != "pass":
-                failures[trial.outcome] = failures.get(trial.outcome, 0) + 1
-        failed = ", ".join(f"{n} {o}" for o, n in sorted(failures.items())) or "0"
-        print(
-            f"{task.entry.name[:40]:40} {len(task.configs):>7} {len(by_config):>9}  {failed:>6}"
-            f"  {_x(default)}  {_x(top)}   {task.outcome}"
+    """The summary table (kbd.results.tune_summary, as the HTML report shows it)."""
+    rows = [
+        tune_summary.summarize(
+            t.entry.name, t.key.descriptor, len(t.configs), t.configs[0], t.trials
         )
-
-
-def _x(trial: Trial | None) -> str:
-    if trial is None or not trial.timed:
-        return "     -"
-    return f"{trial.speedup:5.3g}x" if math.isfinite(trial.speedup) else "     -"
+        for t in tasks
+    ]
+    print("\n" + tune_summary.table(rows))
