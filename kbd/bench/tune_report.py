@@ -284,6 +284,8 @@ table.tuning td { vertical-align: top; }
 table.tuning th.text, table.tuning td.text { text-align: left; }
 table.tuning td.text { white-space: normal; min-width: 12em; max-width: 24em; }
 table.tuning td.text code { overflow-wrap: anywhere; }
+table.tuning td:nth-child(5) { white-space: normal; min-width: 6em; }  /* failures */
+table.tuning td span.failed { white-space: nowrap; }
 .failed { color: #b22; } .adopted { color: #2a7d2a; font-weight: 600; } .kept { color: #555; }
 svg .point.other { fill: #1f77b4; } svg .point.best { fill: #2ca02c; }
 svg .point.default { fill: #ff7f0e; }
