@@ -530,7 +530,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--html",
         metavar="FILE",
         help="write a self-contained HTML page (fast_p curve, speedup distribution, sortable "
-        "per-kernel table) for a benchmark sweep to FILE",
+        "per-kernel table) for a benchmark sweep to FILE, followed by the latest tuning "
+        "session's section when the database has one (or the page of that section alone when "
+        "it has no sweep)",
+    )
+    results.add_argument(
+        "--tune",
+        dest="tune_session",
+        type=int,
+        metavar="ID",
+        help="with --html: show this tuning session instead of the latest",
     )
     _db_option(results)
 

@@ -139,6 +139,13 @@ CASES = [
     ("results-without-store", "results", "results.db"),
     ("results-html-under-a-file", "results --html {tmp}/afile/x.html", "--html", with_store),
     ("results-html-is-a-folder", "results --html {tmp}", "--html {tmp}", with_store),
+    ("results-tune-without-html", "results --tune 1", "--tune", with_store),
+    (
+        "results-tune-unknown",
+        "results --html {tmp}/x.html --tune 9",
+        "tuning session 9",
+        with_store,
+    ),
     ("results-junit-under-a-file", "results --junit {tmp}/afile/x.xml", "--junit", with_store),
     ("results-db-not-a-database", "results --db {tmp}/notadb.db", "{tmp}/notadb.db"),
     ("results-db-under-a-file", "results --db {tmp}/afile/r.db", "{tmp}/afile/r.db"),

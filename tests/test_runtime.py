@@ -1,4 +1,6 @@
-"""The memrefCopy runtime symbol, called through its ctypes callback with real descriptors."""
+"""kbd's runtime symbols: memrefCopy, called through its ctypes callback with real descriptors;
+allocation failures of compiled code (from the JIT and from a compile cache library), which end
+a kernel as `memory`; the OpenMP runtime's settings."""
 
 from __future__ import annotations
 
@@ -137,8 +139,8 @@ def test_copies_raw_bytes_of_any_element_size(elem_size):
 
 
 def test_a_buffer_that_was_not_allocated_is_a_memory_error_for_the_failure_handler():
-    """Lowered code does not check what malloc returned: a NULL buffer reaches memrefCopy,
-    which must not write through it (SIGSEGV) but hand the worker a MemoryError."""
+    """Code whose allocations are not checked (no hook installed) may pass memrefCopy a NULL
+    buffer, which it must not write through (SIGSEGV) but hand the worker a MemoryError."""
     src = np.arange(6, dtype=np.float32).reshape(2, 3)
     null = (ctypes.c_int64 * 7)(0, 0, 0, 2, 3, 3, 1)
     not_allocated = runtime._UnrankedMemRef(2, ctypes.addressof(null))
@@ -154,10 +156,12 @@ def test_a_buffer_that_was_not_allocated_is_a_memory_error_for_the_failure_handl
     ]
 
 
-def test_a_copy_into_a_buffer_malloc_did_not_give_ends_the_kernel_as_memory(tmp_path):
+def test_compiled_code_whose_allocation_fails_ends_the_kernel_as_memory_in_its_phase(tmp_path):
     """A real kernel under a real --mem-limit: traced, it concatenates 64 copies of its input
-    (4 GiB), whose malloc fails under the cap; compiled code fills that buffer with memrefCopy
-    first, which ends the kernel as `memory` in its run phase (it was a SIGSEGV crash)."""
+    (4 GiB), whose malloc returns NULL under the cap. The checked allocation reports it:
+    `memory` in the run phase, naming the size (it was a SIGSEGV crash, then a MemoryError from
+    memrefCopy writing the buffer). (Compile mode's first forward runs the graph in eager,
+    whose allocation fails first.)"""
     levels = tmp_path / "levels.yaml"
     levels.write_text("- kernel: level9/19_copy_hog_traced.py\n")
     args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(levels), "-j", "1", "--json"]
@@ -165,8 +169,8 @@ def test_a_copy_into_a_buffer_malloc_did_not_give_ends_the_kernel_as_memory(tmp_
     record = json_records(result.stdout)["level9/19_copy_hog_traced"]
     assert (record["outcome"], record["phase"], record["signal"]) == ("memory", "run", None)
     assert record["message"] == (
-        "MemoryError: memrefCopy: its destination (4096x4096, 4-byte elements) was not "
-        "allocated (limit 1.0 GiB)"
+        "MemoryError: compiled code's allocation of 4294967360 bytes (4.0 GiB) failed "
+        "(limit 1.0 GiB)"
     )
 
 
@@ -193,3 +197,75 @@ def test_openmp_threads_sleep_after_1_ms_unless_the_user_said_otherwise(environm
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == [str(blocktime)]
+
+
+_ALLOCATING = """
+import os, shutil, subprocess, sys
+from pathlib import Path
+
+import numpy as np
+from torch_mlir import ir, passmanager
+
+from kbd.worker import mlir, runtime
+
+TEXT = '''
+func.func @main(%out: memref<1xf32>, %n: memref<1xi64>) attributes {llvm.emit_c_interface} {
+  %c0 = arith.constant 0 : index
+  %size = memref.load %n[%c0] : memref<1xi64>
+  %count = arith.index_cast %size : i64 to index
+  %buffer = memref.alloc(%count) : memref<?xf32>
+  %value = arith.constant 3.5 : f32
+  memref.store %value, %buffer[%c0] : memref<?xf32>
+  %back = memref.load %buffer[%c0] : memref<?xf32>
+  memref.store %back, %out[%c0] : memref<1xf32>
+  memref.dealloc %buffer : memref<?xf32>
+  return
+}
+'''
+LOWER = "builtin.module(finalize-memref-to-llvm,convert-to-llvm,reconcile-unrealized-casts)"
+
+with ir.Context():
+    module = ir.Module.parse(TEXT)
+    passmanager.PassManager.parse(LOWER).run(module.operation)
+    compiled = mlir.Compiled(module, 0)  # at -O2 LLVM elides a buffer it can see through
+if sys.argv[1] == "library":  # as the compile cache links and loads it (kbd.worker.library)
+    scratch = Path(sys.argv[2])
+    compiled.write_object(scratch / "kernel.o")
+    subprocess.run([shutil.which("ld"), "-shared", "-Bsymbolic", "-z", "notext", "-o",
+                    str(scratch / "kernel.so"), str(scratch / "kernel.o")], check=True)
+    compiled = mlir.Compiled.from_library(scratch / "kernel.so")
+out = np.zeros(1, np.float32)
+compiled([out, np.array([4], np.int64)])  # the fast path: allocated, written, read
+print("allocated", out[0], flush=True)
+
+
+def report(exc):
+    print(f"{type(exc).__name__}: {exc}", flush=True)
+    os._exit(3)
+
+
+with runtime.on_failure(report):
+    compiled([out, np.array([1 << 60], np.int64)])  # 4 EiB: malloc returns NULL
+print("not reported", flush=True)
+"""
+
+
+@pytest.mark.parametrize("loaded", ["jit", "library"])
+def test_a_failed_allocation_reaches_the_failure_handler_from_the_jit_and_a_library(
+    tmp_path, loaded
+):
+    """Compiled code calls the failure hook with the size malloc could not give, from the
+    ExecutionEngine and from a shared library of its object code (what the compile cache
+    stores): the library holds the checking wrapper, and loading it installs the hook."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ALLOCATING, loaded, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines() == [
+        "allocated 3.5",
+        "MemoryError: compiled code's allocation of 4611686018427387904 bytes (4294967296.0 "
+        "GiB) failed",
+    ]

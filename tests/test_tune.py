@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -189,7 +190,8 @@ def _trials(path: Path) -> list[tuple]:
 
 def test_faulty_configurations_are_classified_once_and_the_tune_completes(tmp_path):
     """The fixture space: wrong results, a segfault, a run of minutes, 4 GiB under a 1 GiB
-    limit (compiled code gets NULL from malloc and dies of SIGSEGV), and two good ones."""
+    limit (compiled code gets NULL from malloc: `memory` where it ran, naming the size), and
+    two good ones."""
     result = _tune(tmp_path)
     assert result.returncode == 0, result.stderr
     trials = [t for t in _trials(tmp_path / "tune.db") if t[2] == "search"]
@@ -201,10 +203,22 @@ def test_faulty_configurations_are_classified_once_and_the_tune_completes(tmp_pa
     assert outcomes["wrong"][0] == "mismatch"
     assert outcomes["segv"][:2] == ("crash", "run") and "SIGSEGV" in outcomes["segv"][2]
     assert outcomes["hang"][0] == "timeout"
-    assert outcomes["memory"][0] == "crash"
+    assert outcomes["memory"][:2] == ("memory", "run")
+    assert (
+        "allocation of 4294967360 bytes (4.0 GiB) failed (limit 1.0 GiB)" in outcomes["memory"][2]
+    )
     assert outcomes["ok"][0] == "pass"
     assert len(trials) == 6 and "measuring every configuration" in result.stderr
-    assert "2 crash, 1 mismatch, 1 timeout" in result.stdout
+    assert "1 mismatch, 1 crash, 1 timeout, 1 memory" in result.stdout
+    # The HTML report's tuning section shows the session as its summary table did.
+    page = tmp_path / "tune.html"
+    shown = kbd("results", "--db", str(tmp_path / "tune.db"), "--html", str(page), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    data = re.search(r"id='kbd-tuning'>(.*?)</script>", page.read_text()).group(1)
+    (task,) = json.loads(data)["tasks"]
+    assert task["failures"] == {"mismatch": 1, "crash": 1, "timeout": 1, "memory": 1}
+    assert (task["configs"], task["measured"]) == (6, 6)
+    assert task["verdict"] in result.stdout.splitlines()[-1]
     # A new session measures the good configurations again, never the failing ones.
     again = _tune(tmp_path)
     assert again.returncode == 0, again.stderr

@@ -7,6 +7,9 @@ Inductor and the two geomeans (kbd over Inductor, and Inductor over eager on the
 the fast_p chart a curve over Inductor per level, a second histogram, and the kernel table the
 speedup over Inductor, Inductor's time, GFLOPS and compile time, or why Inductor failed. A page
 of records without Inductor figures is the same as before.
+
+After the sweep, the page may show a tuning session (kbd.bench.tune_report); a store with
+tuning sessions and no sweep gets a page of that section alone.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import math
 from collections.abc import Sequence
 
-from kbd.bench import summary
+from kbd.bench import summary, tune_report
 from kbd.results.record import Record
 from kbd.results.stats import format_ns
 
@@ -27,8 +30,24 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 INDUCTOR_COLORS = ("#ff7f0e", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#8c564b")
 
 
-def render(records: Sequence[Record], title: str) -> str:
-    """The page for these records (one sweep), as a string."""
+def render(
+    records: Sequence[Record] | None,
+    title: str,
+    tuning: tune_report.TuningSession | None = None,
+) -> str:
+    """The page for these records (one sweep; None: a store without sweeps), and after them
+    a tuning session's section (kbd.bench.tune_report), as a string."""
+    if records is None:
+        body = [f"<h1>{html.escape(title)}</h1>"]
+        if tuning is not None:
+            body.append(tune_report.render(tuning))
+        return _PAGE.format(
+            title=html.escape(title),
+            body="\n".join(body),
+            data=json.dumps({"title": title}),
+            script="",
+            style=_STYLE + tune_report.STYLE,
+        )
     timed = summary.benchmarked(records)
     rows = [_row(r) for r in records]
     levels = summary.by_level(records)
@@ -70,6 +89,8 @@ def render(records: Sequence[Record], title: str) -> str:
                 body.append(_histogram(over, caption, baseline="Inductor"))
         body.append("</div>")
     body.append(_kernel_table(rows, inductor=inductor))
+    if tuning is not None:
+        body.append(tune_report.render(tuning))
     levels_data = [_level_data(x, inductor) for x in levels]
     data = json.dumps({"title": title, "levels": levels_data, "kernels": rows})
     return _PAGE.format(
@@ -77,7 +98,9 @@ def render(records: Sequence[Record], title: str) -> str:
         body="\n".join(body),
         data=data.replace("</", "<\\/"),
         script=_SCRIPT,
-        style=_STYLE + (_INDUCTOR_STYLE if inductor else ""),
+        style=_STYLE
+        + (_INDUCTOR_STYLE if inductor else "")
+        + (tune_report.STYLE if tuning is not None else ""),
     )
 
 

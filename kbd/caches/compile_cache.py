@@ -11,6 +11,10 @@ JIT targets (the host's) and kbd's own code. That is this cache's key: any chang
 (its code hash, kbd.shared.identity) or of the CPU makes a new key, so no entry outlives
 the code that built it.
 
+A library holds everything the JIT compiled, kbd's checked allocations included
+(kbd.worker.mlir.allocations; their hook is set when the worker loads it), and any change to
+that code is a change of kbd's code hash, hence of every key.
+
 The worker links the JIT's object code into a shared library (kbd.worker.library), runs the
 kernel from that library, and sends it back in a `Library` frame; the supervisor stores it with
 its calling signature. On a hit the supervisor verifies the entry (kbd.caches.entries: size and

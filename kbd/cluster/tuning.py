@@ -78,7 +78,7 @@ async def _feed(node: head.Node, session, report, queue, stopping, losses, keys)
         task = tuning.task_for(session.options, session.tasks[index].planned, chooser)
         name = session.tasks[index].entry.name
         if isinstance(task, str):
-            session.tasks[index].outcome = f"not tuned on {where}: {task}"
+            session.tasks[index].note = f"not tuned on {where}: {task}"
             report.notice(f"kbd tune: {name}: {task} on {where}; not tuned")
             continue
         before = keys.get(index)

@@ -98,7 +98,7 @@ class Active:
 
     def state(self) -> SweepState:
         if self.tune is not None:
-            total, done = len(self.tune.tasks), sum(1 for t in self.tune.tasks if t.outcome)
+            total, done = len(self.tune.tasks), sum(1 for t in self.tune.tasks if t.done or t.note)
         else:
             total, done = len(self.prepared.plans), len(self.finished)
         return SweepState(

@@ -30,6 +30,7 @@ class Invocation(msgspec.Struct, frozen=True, kw_only=True):
     json: bool = False  # JSON Lines on stdout instead of lines for a person
     junit: str | None = None  # also write JUnit XML here
     html: str | None = None  # `kbd results --html`: write the HTML report here
+    tune_session: int | None = None  # `kbd results --html --tune ID`: the session it shows
     log_dir: str | None = None  # where per-kernel logs go; None: .kbd/logs/<run>
     # auto: use the store's daemon when one runs; yes: start one if none runs; no: never
     daemon: Literal["auto", "yes", "no"] = "auto"

@@ -48,6 +48,15 @@ CREATE TABLE IF NOT EXISTS trials (
     record TEXT                        -- JSON of the run's record
 );
 CREATE INDEX IF NOT EXISTS trials_by_task ON trials(task, config);
+CREATE TABLE IF NOT EXISTS tune_tasks (
+    tune_id INTEGER NOT NULL REFERENCES tunes(id),
+    task TEXT NOT NULL,                -- TaskKey hash
+    kernel TEXT NOT NULL,
+    descriptor TEXT NOT NULL,          -- the TaskKey's descriptor
+    configs INTEGER NOT NULL,          -- valid configurations of its space on this machine
+    default_config TEXT NOT NULL,      -- canonical JSON of the default configuration
+    PRIMARY KEY (tune_id, task)
+);
 CREATE TABLE IF NOT EXISTS tuned (
     task TEXT PRIMARY KEY,
     key TEXT NOT NULL,                 -- the TaskKey as JSON
@@ -61,6 +70,26 @@ CREATE TABLE IF NOT EXISTS tuned (
     finished REAL NOT NULL
 );
 """
+
+
+class Session(msgspec.Struct, frozen=True, kw_only=True):
+    """A tuning session as stored."""
+
+    id: int
+    created: float
+    finished: float | None
+    status: str  # running | done | interrupted
+    command: str
+
+
+class SessionTask(msgspec.Struct, frozen=True, kw_only=True):
+    """A task a session tuned: what its trials alone do not say."""
+
+    task: str  # TaskKey hash
+    kernel: str
+    descriptor: str  # "" when not recorded (a session of a kbd before tune_tasks)
+    configs: int | None  # valid configurations (None: not recorded)
+    default: Config | None
 
 
 class Trial(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,6 +154,88 @@ class TuningStore:
             raise InputError(f"{self.store.path}: {what}")
         return found[0], found[1]
 
+    def add_task(
+        self, tune_id: int, task: str, kernel: str, descriptor: str, configs: int, default: Config
+    ) -> None:
+        """Record a task of the session, once (a resumed session has it already)."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO tune_tasks (tune_id, task, kernel, descriptor, configs,"
+            " default_config) VALUES (?, ?, ?, ?, ?, ?)",
+            (tune_id, task, kernel, descriptor, configs, config_text(default)),
+        )
+
+    def sessions(self) -> list[Session]:
+        """Every tuning session, oldest first; none in a store without the tuning tables."""
+        if not self._has("tunes"):
+            return []
+        rows = self._db.execute(
+            "SELECT id, created, finished, status, command FROM tunes ORDER BY id"
+        )
+        return [
+            Session(id=r[0], created=r[1], finished=r[2], status=r[3], command=r[4]) for r in rows
+        ]
+
+    def session_tasks(self, tune_id: int) -> list[SessionTask]:
+        """The tasks of a session in the order it tuned them: those it recorded, then any with
+        trials only (a session of a kbd that did not record its tasks: the default is taken
+        as the task's first configuration measured, which the search proposes first)."""
+        found = []
+        if self._has("tune_tasks"):
+            rows = self._db.execute(
+                "SELECT task, kernel, descriptor, configs, default_config FROM tune_tasks"
+                " WHERE tune_id = ? ORDER BY rowid",
+                (tune_id,),
+            )
+            found = [
+                SessionTask(
+                    task=r[0],
+                    kernel=r[1],
+                    descriptor=r[2],
+                    configs=r[3],
+                    default=json.loads(r[4]),
+                )
+                for r in rows
+            ]
+        known = {t.task for t in found}
+        rows = self._db.execute(
+            "SELECT task, kernel, MIN(id) FROM trials WHERE tune_id = ? GROUP BY task"
+            " ORDER BY MIN(id)",
+            (tune_id,),
+        )
+        for task, kernel, _ in rows:
+            if task not in known:
+                first = self._db.execute(
+                    "SELECT config FROM trials WHERE task = ? AND stage = 'search'"
+                    " ORDER BY id LIMIT 1",
+                    (task,),
+                ).fetchone()
+                default = json.loads(first[0]) if first else None
+                found.append(
+                    SessionTask(
+                        task=task, kernel=kernel, descriptor="", configs=None, default=default
+                    )
+                )
+        return found
+
+    def session_trials(self, task: str, tune_id: int) -> list[Trial]:
+        """What a session worked from for a task: its own trials, and the failures of earlier
+        sessions (it did not run those configurations again)."""
+        ours = self.trials(task, tune_id)
+        earlier = [
+            t
+            for t in self._trials(
+                "WHERE task = ? AND tune_id < ? AND outcome != 'pass'", task, tune_id
+            )
+            if t not in ours
+        ]
+        return ours + earlier
+
+    def _has(self, table: str) -> bool:
+        found = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        ).fetchone()
+        return found is not None
+
     def set_status(self, tune_id: int, status: str) -> None:
         self._db.execute(
             "UPDATE tunes SET status = ?, finished = ? WHERE id = ?",
@@ -154,9 +265,12 @@ class TuningStore:
 
     def trials(self, task: str, tune_id: int | None = None) -> list[Trial]:
         """The task's trials, oldest first: every session's, or one session's."""
-        query = "SELECT config, stage, outcome, phase, message, speedup, low, high FROM trials"
-        query += " WHERE task = ?" + (" AND tune_id = ?" if tune_id is not None else "")
-        args = (task,) if tune_id is None else (task, tune_id)
+        if tune_id is None:
+            return self._trials("WHERE task = ?", task)
+        return self._trials("WHERE task = ? AND tune_id = ?", task, tune_id)
+
+    def _trials(self, where: str, *args) -> list[Trial]:
+        query = "SELECT config, stage, outcome, phase, message, speedup, low, high FROM trials "
         return [
             Trial(
                 config=json.loads(row[0]),
@@ -168,7 +282,7 @@ class TuningStore:
                 low=row[6],
                 high=row[7],
             )
-            for row in self._db.execute(query + " ORDER BY id", args)
+            for row in self._db.execute(query + where + " ORDER BY id", args)
         ]
 
     def adopt(self, tuned: Tuned, tune_id: int) -> None:
@@ -190,10 +304,7 @@ class TuningStore:
         )
 
     def all_tuned(self) -> list[Tuned]:
-        exists = self._db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tuned'"
-        ).fetchone()
-        if exists is None:
+        if not self._has("tuned"):
             return []
         rows = self._db.execute(
             "SELECT key, kernel, config, adopted, gain, gain_low, note FROM tuned ORDER BY kernel"

@@ -110,9 +110,3 @@ class Search:
                         if ok:
                             found.append(moved)
         return found
-
-
-def best(trials: list[Trial]) -> Trial | None:
-    """The fastest timed trial of the search, or None."""
-    timed = [t for t in trials if t.timed and t.stage == "search"]
-    return max(timed, key=lambda t: t.speedup) if timed else None

@@ -19,7 +19,6 @@ its trials loaded), tuned (`tune`) and finished (`finish`: its status and summar
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,13 +33,15 @@ from kbd.plan import descriptor, limits, pipelines, space, tuned
 from kbd.plan.catalog import Entry
 from kbd.plan.space import Config, Space
 from kbd.plan.spec import SweepSpec, TuneSpec
+from kbd.results import tune_summary
 from kbd.results.record import Record
 from kbd.results.store import Store
+from kbd.results.tune_summary import best
 from kbd.results.tuning import Trial, TuningStore, trial_of
 from kbd.shared.errors import ClusterError, InputError, TemplateError, fatal_error
 from kbd.shared.protocol import BenchOptions
 from kbd.tune.events import TaskRow, TrialEnded, TuneEnded
-from kbd.tune.search import Search, best
+from kbd.tune.search import Search
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -54,7 +55,8 @@ class Task:
     configs: list[Config]
     planned: Planned  # the kernel's job, whose pipeline each candidate replaces
     trials: list[Trial] = field(default_factory=list)
-    outcome: str = ""  # the summary's verdict
+    note: str = ""  # why it was not tuned, in place of a verdict (a cluster node without it)
+    done: bool = False  # searched and confirmed, its verdict recorded
 
 
 @dataclass
@@ -180,7 +182,12 @@ def begin(
 
 def load_trials(session: Session, task: Task) -> None:
     """The task's trials so far: this session's measurements and every session's failures
-    (never run again)."""
+    (never run again). Records the task in the session (its schedule, configurations and
+    default) for the report."""
+    key, default = task.key, task.configs[0]
+    session.tuning.add_task(
+        session.tune_id, key.hash(), task.entry.name, key.descriptor, len(task.configs), default
+    )
     ours = session.tuning.trials(task.key.hash(), session.tune_id)
     failed = [t for t in session.tuning.trials(task.key.hash()) if t.outcome != "pass"]
     task.trials = ours + [t for t in failed if t not in ours]
@@ -301,66 +308,45 @@ async def tune_task(session: Session, task: Task, runner: Runner, report: Report
             )
         if not await _run(session, task, plans, "search", runner, report):
             return False
-    return await _confirm(session, task, runner, report)
+    task.done = await _confirm(session, task, runner, report)
+    return task.done
 
 
 async def _confirm(session: Session, task: Task, runner: Runner, report: Report) -> bool:
+    """Time the best and the default again in fresh processes, unless the verdict needs no
+    confirmation (tune_summary.verdict), and record the verdict."""
     options, tuning, tune_id = session.options, session.tuning, session.tune_id
     name = task.entry.name
     default = task.configs[0]
-    winner = best(task.trials)
-    if winner is None:
-        task.outcome = "every configuration failed"
+    verdict = tune_summary.verdict(task.trials, default)
+    if verdict.confirming:
+        confirm_bench = options.sweep.bench or BenchOptions()
+        done = {tuned.config_text(t.config) for t in task.trials if t.stage == "confirm"}
+        wanted = [
+            c for c in (default, best(task.trials).config) if tuned.config_text(c) not in done
+        ]
+        plans = {}
+        for index, config in enumerate(wanted):
+            label = _label(name, f"confirm{index}")
+            plans[label] = (config, _plan(options, task, config, confirm_bench, f"confirm{index}"))
+        if plans and not await _run(session, task, plans, "confirm", runner, report):
+            return False
+        verdict = tune_summary.verdict(task.trials, default)
+    if best(task.trials) is None:  # nothing passed: nothing to record
         return True
-    confirm_bench = options.sweep.bench or BenchOptions()
-    done = [t for t in task.trials if t.stage == "confirm"]
-    if winner.config == default:
-        task.outcome = "the default is the fastest configuration measured"
-        tuning.adopt(
-            tuned.Tuned(
-                key=task.key, kernel=name, config=default, adopted=False, note=task.outcome
-            ),
-            tune_id,
-        )
-        return True
-    wanted = {tuned.config_text(c): c for c in (default, winner.config)}
-    for trial in done:
-        wanted.pop(tuned.config_text(trial.config), None)
-    plans = {}
-    for index, config in enumerate(wanted.values()):
-        label = _label(name, f"confirm{index}")
-        plans[label] = (config, _plan(options, task, config, confirm_bench, f"confirm{index}"))
-    if plans and not await _run(session, task, plans, "confirm", runner, report):
-        return False
-    confirmed = {tuned.config_text(t.config): t for t in task.trials if t.stage == "confirm"}
-    base = confirmed.get(tuned.config_text(default))
-    top = confirmed.get(tuned.config_text(winner.config))
-    if base is None or top is None or not base.timed or not top.timed:
-        task.outcome = "confirmation failed: the default stays"
-        adopted, config, gain, low = False, default, None, None
-    else:
-        gain = top.speedup / base.speedup
-        low = top.low / base.high
-        adopted = low > 1.0
-        config = winner.config if adopted else default
-        task.outcome = (
-            f"adopted: {gain:.2f}x the default, interval above {low:.2f}x"
-            if adopted
-            else f"no confirmed gain ({gain:.2f}x, interval down to {low:.2f}x): the default stays"
-        )
+    report.notice(f"kbd tune: {name}: {verdict.text}")
     tuning.adopt(
         tuned.Tuned(
             key=task.key,
             kernel=name,
-            config=config,
-            adopted=adopted,
-            gain=gain,
-            gain_low=low,
-            note=task.outcome,
+            config=verdict.config if verdict.adopted else default,
+            adopted=verdict.adopted,
+            gain=verdict.gain,
+            gain_low=verdict.gain_low,
+            note=verdict.text,
         ),
         tune_id,
     )
-    report.notice(f"kbd tune: {name}: {task.outcome}")
     return True
 
 
@@ -424,29 +410,20 @@ def _ended(task: Task, trial: Trial) -> TrialEnded:
 
 
 def _row(task: Task) -> TaskRow:
-    searched = [t for t in task.trials if t.stage == "search"]
-    by_config = {tuned.config_text(t.config): t for t in searched}
-    default = by_config.get(tuned.config_text(task.configs[0]))
-    top = best(task.trials)
-    failures: dict[str, int] = {}
-    for trial in by_config.values():
-        if trial.outcome != "pass":
-            failures[trial.outcome] = failures.get(trial.outcome, 0) + 1
+    """The task's row of the summary table (kbd.results.tune_summary, as the HTML report shows
+    it)."""
+    summary = tune_summary.summarize(
+        task.entry.name, task.key.descriptor, len(task.configs), task.configs[0], task.trials
+    )
     return TaskRow(
         kernel=task.entry.name,
         configs=len(task.configs),
-        measured=len(by_config),
-        failed=", ".join(f"{n} {o}" for o, n in sorted(failures.items())) or "0",
-        default=_speedup(default),
-        best=_speedup(top),
-        verdict=task.outcome,
+        measured=summary.measured,
+        failed=summary.failed(),
+        default=tune_summary.speedup_of(summary.default),
+        best=tune_summary.speedup_of(summary.best),
+        verdict=task.note or summary.verdict.text,
     )
-
-
-def _speedup(trial: Trial | None) -> float | None:
-    if trial is None or not trial.timed or not math.isfinite(trial.speedup):
-        return None
-    return trial.speedup
 
 
 def _tune_here(session: Session, report: Report) -> bool:

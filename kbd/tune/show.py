@@ -3,9 +3,9 @@ trial a line on stderr, the summary table on stdout, then the closing lines on s
 
 from __future__ import annotations
 
-import math
 import sys
 
+from kbd.results import tune_summary
 from kbd.tune.events import TrialEnded, TuneEnded
 
 
@@ -33,19 +33,19 @@ def show_trial(event: TrialEnded) -> None:
 
 def show_end(ended: TuneEnded) -> None:
     if ended.rows:
-        header = f"{'kernel':40} {'configs':>7} {'measured':>9}  {'failed':>6}  default     best"
-        print(f"\n{header}   verdict")
+        print("\n" + tune_summary.TABLE_HEADER)
         for row in ended.rows:
             print(
-                f"{row.kernel[:40]:40} {row.configs:>7} {row.measured:>9}  {row.failed:>6}"
-                f"  {_x(row.default)}  {_x(row.best)}   {row.verdict}"
+                tune_summary.table_line(
+                    row.kernel,
+                    row.configs,
+                    row.measured,
+                    row.failed,
+                    row.default,
+                    row.best,
+                    row.verdict,
+                )
             )
         sys.stdout.flush()
     for text in ended.closing:
         print(text, file=sys.stderr)
-
-
-def _x(speedup: float | None) -> str:
-    if speedup is None or not math.isfinite(speedup):
-        return "     -"
-    return f"{speedup:5.3g}x"

@@ -9,12 +9,15 @@ Upstream these live in libmlir_c_runner_utils, which the wheel lacks. Lowered co
 their plain C name (`memrefCopy`), so they are registered with `raw_register_runtime`; the
 convenience `register_runtime` would prepend `_mlir_ciface_` and never match.
 
+Compiled code's allocations are checked (kbd.worker.mlir.allocations): one that returns NULL
+calls `allocation_failed` with the requested size, through the module's hook global, which
+`install_allocation_hook` fills once the code is loaded.
+
 A symbol that fails cannot raise into the compiled code that called it, nor return: that code
-would go on with a buffer that was never allocated (lowered `memref.alloc` does not check what
-malloc returned: a failed allocation under the memory cap is a NULL buffer) or never filled.
-Inside `on_failure(handler)` (the worker's job) the failure goes to `handler`, which ends the
-process with the failure as its result: an allocation failure ends as `memory`, as a Python
-`MemoryError` does.
+would go on with a buffer that was never allocated (a NULL buffer reaching memrefCopy, from code
+whose allocations are not checked) or never filled. Inside `on_failure(handler)` (the worker's
+job) the failure goes to `handler`, which ends the process with the failure as its result: an
+allocation failure ends as `memory`, as a Python `MemoryError` does.
 """
 
 from __future__ import annotations
@@ -99,6 +102,24 @@ _MEMREF_COPY_TYPE = ctypes.CFUNCTYPE(
 )
 # Module-level references keep the callbacks alive as long as any engine may call them.
 SYMBOLS = {"memrefCopy": _MEMREF_COPY_TYPE(_memref_copy)}
+
+
+def _allocation_failed(size: int) -> None:
+    gib = size / (1 << 30)
+    _fail(
+        "allocation_failed",
+        MemoryError(f"compiled code's allocation of {size} bytes ({gib:.1f} GiB) failed"),
+    )
+
+
+ALLOCATION_FAILED = ctypes.CFUNCTYPE(None, ctypes.c_int64)(_allocation_failed)
+
+
+def install_allocation_hook(address: int) -> None:
+    """Point the hook global at `address` (a module's `FAILURE_HOOK`) to `allocation_failed`."""
+    ctypes.c_void_p.from_address(address).value = ctypes.cast(
+        ALLOCATION_FAILED, ctypes.c_void_p
+    ).value
 
 
 def register(engine) -> None:

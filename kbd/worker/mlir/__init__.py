@@ -14,6 +14,7 @@ One module per job; a module imports only those listed before it:
 - `bf16_dot`: the rewrites of the bf16 product schedules (avx512_bf16's dot products)
 - `apply`: applying one pipeline stage (pass pipeline, transform script or rewrite; the
   `REWRITES` table), diagnostics as StageError, IR printing
+- `allocations`: compiled code's allocations checked, a failure reported to the worker
 - `execution`: running compiled code through ctypes (JIT or shared library)
 
 Callers use the names re-exported here: `from kbd.worker import mlir`, then `mlir.Compiled`.

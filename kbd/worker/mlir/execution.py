@@ -1,9 +1,11 @@
 """Running compiled code: JIT-compiled by the ExecutionEngine or loaded from a shared library,
-called through ctypes with memref descriptors (`Compiled`, `BenchTimer`); plus what goes with
-it on a module lowered to LLVM (its target features, the functions it leaves external)."""
+called through ctypes with memref descriptors (`Compiled`, `BenchTimer`), its allocations
+checked (kbd.worker.mlir.allocations); plus what goes with it on a module lowered to LLVM (its
+target features, the functions it leaves external)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 from collections.abc import Sequence
@@ -14,6 +16,7 @@ from torch_mlir import ir
 from torch_mlir.execution_engine import ExecutionEngine
 
 from kbd.worker import runtime
+from kbd.worker.mlir import allocations
 from kbd.worker.mlir.convention import (
     BENCH_ENTRY,
     CIFACE_PREFIX,
@@ -42,10 +45,16 @@ class Compiled:
     (`from_library`, see kbd.worker.library)."""
 
     def __init__(self, module: ir.Module, opt_level: int, *, openmp: bool = False):
-        """`openmp`: load the OpenMP runtime (the module has parallel loops lowered to it)."""
+        """`openmp`: load the OpenMP runtime (the module has parallel loops lowered to it). The
+        module's allocations are checked first (kbd.worker.mlir.allocations: the module
+        changes)."""
         libraries = runtime.openmp_libraries() if openmp else []
+        allocations.check_allocations(module)
         self._engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=libraries)
         runtime.register(self._engine)
+        hook = self._engine.raw_lookup(allocations.HOOK_LOOKUP)
+        if hook:
+            runtime.install_allocation_hook(hook)
         self._address = lambda name: self._engine.raw_lookup(CIFACE_PREFIX + name)
         self._entry = self._function(ENTRY)  # forces compilation now, not at first call
 
@@ -56,6 +65,9 @@ class Compiled:
         if openmp:
             runtime.openmp_libraries()  # its __kmpc_* symbols resolve the library's calls
         library = ctypes.CDLL(str(path))  # RTLD_LOCAL: its symbols stay its own
+        with contextlib.suppress(ValueError):  # no hook: the code allocates nothing
+            hook = ctypes.c_void_p.in_dll(library, allocations.FAILURE_HOOK)
+            runtime.install_allocation_hook(ctypes.addressof(hook))
 
         def address(name: str) -> int | None:
             symbol = getattr(library, PACKED_PREFIX + CIFACE_PREFIX + name, None)
