@@ -9,6 +9,7 @@ import ctypes
 import functools
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -235,6 +236,12 @@ CASES = {
         (functools.partial(Conv, (6, 4, 3), stride=3, dilation=4), [(2, 4, 100)]),
         (functools.partial(Conv, (6, 4, 7, 7), stride=(2, 1), padding=3), [(1, 4, 20, 21)]),
         (functools.partial(Conv, (5, 4, 3, 3), stride=2, padding=1), [(2, 4, 17, 16)]),
+        # depthwise (groups = channels): kbd-depthwise-convs-as-taps, then depthwise.mlir; a
+        # partial width tile, padding, a stride, a dilation
+        (functools.partial(Conv, (4, 1, 3, 3), groups=4), [(2, 4, 12, 40)]),
+        (functools.partial(Conv, (6, 1, 3, 3), groups=6, padding=1), [(2, 6, 9, 37)]),
+        (functools.partial(Conv, (6, 1, 3, 5), groups=6, stride=2), [(1, 6, 15, 41)]),
+        (functools.partial(Conv, (4, 1, 3, 3), groups=4, dilation=(2, 1)), [(1, 4, 15, 70)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),
@@ -525,6 +532,29 @@ def test_a_strided_convolution_becomes_a_stride_one_convolution_over_phases(conv
     before = str(module)
     mlir.apply_stage(module, stage)
     assert str(module) == before
+
+
+def test_a_depthwise_convolution_becomes_a_vectorized_sum_over_its_taps():
+    """kbd-depthwise-convs-as-taps turns a depthwise convolution into one element-wise generic
+    over its 9 taps (marked kbd.depthwise); depthwise.mlir leaves no generic of it and computes
+    it in vector arithmetic."""
+    path = SCHEDULES / "x86_64" / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(Conv((4, 1, 3, 3), groups=4), [torch.randn(1, 4, 10, 40)])
+    assert "linalg.depthwise_conv_2d_nchw_chw" in str(module)
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-depthwise-convs-as-taps":
+            assert "linalg.depthwise_conv_2d_nchw_chw" not in text
+            generic = next(line for line in text.splitlines() if "kbd.depthwise" in line)
+            assert generic.count("tensor<1x4x8x38xf32>") == 9 + 1  # 9 taps, and the output
+        if stage.name == "depthwise.mlir":
+            assert "kbd.depthwise" not in text
+            assert re.search(r"arith\.mulf .* : vector<16xf32>", text)  # AVX2: 16 columns
+            break
+    else:
+        raise AssertionError("the conv2d schedule has no depthwise.mlir stage")
 
 
 def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(family_run):

@@ -1,0 +1,102 @@
+"""Depthwise convolutions as one element-wise sum over their taps (the
+`kbd-depthwise-convs-as-taps` stage).
+
+A depthwise convolution (`linalg.depthwise_conv_2d_nchw_chw`: torch's conv2d with as many groups
+as channels) multiplies each channel by its own small kernel: out[n, c, y, x] = sum over taps
+(i, j) of w[c, i, j] * in[n, c, y * sh + i * dh, x * sw + j * dw]. Each tap is a view of the
+input (a slice, strided by the stride) times one weight per channel, so the whole convolution is
+one element-wise `linalg.generic` over the output whose inputs are the taps' views and the taps'
+weight columns, accumulated onto the output's initial value (torch-mlir's bias). It carries the
+attribute `kbd.depthwise`, by which `depthwise.mlir` tiles it along the output's contiguous
+columns and vectorizes it: per tap, a row of the input times a broadcast weight, one `fma`.
+The linalg op itself has no schedule: the conv vectorizer takes only 1-D depthwise convolutions
+in channels-last layout.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, linalg, tensor
+
+from kbd.worker.mlir.walk import ops_named
+
+MARKER = "kbd.depthwise"
+
+
+def _ints(op, name: str) -> list[int]:
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
+
+
+def depthwise_convs_as_taps(module: ir.Module) -> int:
+    """Rewrite every depthwise NCHW convolution of static shapes into an element-wise generic
+    over its taps; returns how many were rewritten."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, "linalg.depthwise_conv_2d_nchw_chw"):
+            op = op.operation
+            types = [ir.RankedTensorType(v.type) for v in op.operands]
+            if not all(t.has_static_shape for t in types):
+                continue
+            strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
+            image, weight, init = op.operands
+            n, c, oh, ow = types[2].shape
+            _, kh, kw = types[1].shape
+            element = types[2].element_type
+            views, columns = [], []
+            with ir.InsertionPoint(op), op.location:
+                for i in range(kh):
+                    for j in range(kw):
+                        views.append(
+                            tensor.extract_slice(
+                                ir.RankedTensorType.get([n, c, oh, ow], element),
+                                image,
+                                [],
+                                [],
+                                [],
+                                [0, 0, i * dilations[0], j * dilations[1]],
+                                [n, c, oh, ow],
+                                [1, 1, strides[0], strides[1]],
+                            )
+                        )
+                        columns.append(
+                            tensor.extract_slice(
+                                ir.RankedTensorType.get([c], element),
+                                weight,
+                                [],
+                                [],
+                                [],
+                                [0, i, j],
+                                [c, 1, 1],
+                                [1, 1, 1],
+                            )
+                        )
+                generic = _tap_sum(views, columns, init, types[2])
+            op.results[0].replace_all_uses_with(generic.results[0])
+            op.erase()
+            changed += 1
+    return changed
+
+
+def _tap_sum(views: list, columns: list, init: ir.Value, out_type) -> ir.Operation:
+    """linalg.generic: out = init + sum_k views[k] * columns[k] (per channel), all parallel."""
+    identity = ir.AffineMap.get_identity(4)
+    channel = ir.AffineMap.get(4, 0, [ir.AffineDimExpr.get(1)])
+    maps = [identity] * len(views) + [channel] * len(columns) + [identity]
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    generic = linalg.GenericOp(
+        [out_type],
+        [*views, *columns],
+        [init],
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+        ir.ArrayAttr.get([parallel] * 4),
+    )
+    generic.operation.attributes[MARKER] = ir.UnitAttr.get()
+    element = out_type.element_type
+    block = generic.regions[0].blocks.append(*([element] * (2 * len(views) + 1)))
+    with ir.InsertionPoint(block):
+        args = list(block.arguments)
+        taps, weights, acc = args[: len(views)], args[len(views) : -1], args[-1]
+        for x, w in zip(taps, weights, strict=True):
+            acc = arith.addf(acc, arith.mulf(x, w))
+        linalg.YieldOp([acc])
+    return generic.operation
