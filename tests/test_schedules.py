@@ -222,7 +222,13 @@ CASES = {
         # tile of filters
         (functools.partial(Conv, (11, 5, 3, 3), padding=1), [(2, 5, 6, 61)]),
         (functools.partial(Conv, (8, 4, 3, 5), stride=2, dilation=(2, 1)), [(1, 4, 15, 40)]),
-        (functools.partial(Conv, (6, 2, 3, 3), groups=2), [(1, 4, 9, 20)]),  # not this schedule's
+        # grouped: kbd-grouped-convs-as-convs, one conv per group (plain, strided, transposed)
+        (functools.partial(Conv, (6, 2, 3, 3), groups=2), [(1, 4, 9, 20)]),
+        (functools.partial(Conv, (8, 4, 3, 3), groups=2, stride=2, padding=1), [(2, 8, 17, 33)]),
+        (
+            functools.partial(Conv, (4, 6, 3, 5), transposed=True, groups=2, stride=2),
+            [(1, 4, 7, 9)],
+        ),
         (functools.partial(Conv, (4, 5, 3, 3), transposed=True, stride=2), [(1, 4, 7, 9)]),
         (TwoConvs, [(2, 3, 10, 21)]),
         (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
@@ -532,6 +538,18 @@ def test_a_strided_convolution_becomes_a_stride_one_convolution_over_phases(conv
     before = str(module)
     mlir.apply_stage(module, stage)
     assert str(module) == before
+
+
+def test_a_grouped_convolution_becomes_one_convolution_per_group():
+    stage = descriptor.resolve_pipeline(
+        ["kbd-grouped-convs-as-convs"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    module = mlir.import_model(Conv((6, 2, 3, 3), groups=3), [torch.randn(1, 6, 9, 20)])
+    assert "linalg.conv_2d_ngchw_gfchw" in str(module)
+    mlir.apply_stage(module, stage)
+    text = str(module)
+    assert "linalg.conv_2d_ngchw_gfchw" not in text
+    assert text.count("linalg.conv_2d_nchw_fchw") == 3
 
 
 def test_a_depthwise_convolution_becomes_a_vectorized_sum_over_its_taps():

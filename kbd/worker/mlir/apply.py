@@ -24,6 +24,7 @@ REWRITES = {
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
     "kbd-strided-convs-as-phases": strided_conv.strided_convs_as_phases,
     "kbd-depthwise-convs-as-taps": depthwise.depthwise_convs_as_taps,
+    "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,

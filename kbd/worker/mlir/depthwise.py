@@ -1,5 +1,6 @@
 """Depthwise convolutions as one element-wise sum over their taps (the
-`kbd-depthwise-convs-as-taps` stage).
+`kbd-depthwise-convs-as-taps` stage); grouped convolutions as one convolution per group (the
+`kbd-grouped-convs-as-convs` stage).
 
 A depthwise convolution (`linalg.depthwise_conv_2d_nchw_chw`: torch's conv2d with as many groups
 as channels) multiplies each channel by its own small kernel: out[n, c, y, x] = sum over taps
@@ -100,3 +101,49 @@ def _tap_sum(views: list, columns: list, init: ir.Value, out_type) -> ir.Operati
             acc = arith.addf(acc, arith.mulf(x, w))
         linalg.YieldOp([acc])
     return generic.operation
+
+
+def grouped_convs_as_convs(module: ir.Module) -> int:
+    """Rewrite every grouped NCHW convolution (`linalg.conv_2d_ngchw_gfchw`: torch's conv2d
+    with 1 < groups < channels) of static shapes into one `linalg.conv_2d_nchw_fchw` per group,
+    on slices of its input, kernel and output (the `kbd-grouped-convs-as-convs` stage), which
+    the conv2d schedule computes like any other; returns how many were rewritten."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, "linalg.conv_2d_ngchw_gfchw"):
+            op = op.operation
+            types = [ir.RankedTensorType(v.type) for v in op.operands]
+            if not all(t.has_static_shape for t in types):
+                continue
+            image, weight, init = op.operands
+            n, groups, channels, h, w = types[0].shape
+            _, filters, _, kh, kw = types[1].shape
+            _, _, _, oh, ow = types[2].shape
+            element = types[2].element_type
+            options = {"strides": _ints(op, "strides"), "dilations": _ints(op, "dilations")}
+            with ir.InsertionPoint(op), op.location:
+                result = init
+                for g in range(groups):
+                    x = _group(image, element, g, [n, groups, channels, h, w], 1)
+                    k = _group(weight, element, g, [groups, filters, channels, kh, kw], 0)
+                    out = _group(init, element, g, [n, groups, filters, oh, ow], 1)
+                    conv = linalg.conv_2d_nchw_fchw(x, k, outs=[out], **options)
+                    sizes = [n, 1, filters, oh, ow]
+                    offsets = [0, g, 0, 0, 0]
+                    result = tensor.InsertSliceOp(
+                        conv, result, [], [], [], offsets, sizes, [1] * 5
+                    ).result
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+            changed += 1
+    return changed
+
+
+def _group(value: ir.Value, element, group: int, shape: list[int], dim: int) -> ir.Value:
+    """Group `group` of `value` (of `shape`), whose groups are dim `dim`, without that dim."""
+    offsets = [0] * len(shape)
+    offsets[dim] = group
+    sizes = list(shape)
+    sizes[dim] = 1
+    result = ir.RankedTensorType.get(shape[:dim] + shape[dim + 1 :], element)
+    return tensor.extract_slice(result, value, [], [], [], offsets, sizes, [1] * len(shape))

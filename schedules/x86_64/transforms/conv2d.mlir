@@ -13,8 +13,8 @@
 // the conv vectorizer needs static shapes, and LLVM splits odd widths such as <24 x f32> into
 // slow shuffles. Filters that $reg_f does not divide end in one narrower tile, peeled too.
 // Strided convolutions are rewritten into stride-1 ones first (kbd-strided-convs-as-phases);
-// depthwise ones are depthwise.mlir's; grouped ones (another linalg op) are left to the loop
-// lowering.
+// depthwise ones are depthwise.mlir's; grouped ones are made one conv per group first
+// (kbd-grouped-convs-as-convs).
 // Runs on linalg-on-tensors, before bufferization.
 module attributes {transform.with_named_sequence} {
   // Peels the last, partial iteration of each loop off into a loop of its own (bounds all
