@@ -182,6 +182,22 @@ class Conv(torch.nn.Module):
         return self.conv(x, self.weight, self.bias, **self.options)
 
 
+class Conv3d(torch.nn.Module):
+    """conv3d, or its transposed form, with a bias and fixed random weights of `shape`."""
+
+    def __init__(self, shape=(4, 3, 3, 3, 3), transposed=False, **options):
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        filters = shape[1] * options.get("groups", 1) if transposed else shape[0]
+        self.register_buffer("weight", torch.randn(shape, generator=generator))
+        self.register_buffer("bias", torch.randn(filters, generator=generator))
+        self.conv = F.conv_transpose3d if transposed else F.conv3d
+        self.options = options
+
+    def forward(self, x):
+        return self.conv(x, self.weight, self.bias, **self.options)
+
+
 class TwoConvs(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -248,6 +264,16 @@ CASES = {
         (functools.partial(Conv, (6, 1, 3, 3), groups=6, padding=1), [(2, 6, 9, 37)]),
         (functools.partial(Conv, (6, 1, 3, 5), groups=6, stride=2), [(1, 6, 15, 41)]),
         (functools.partial(Conv, (4, 1, 3, 3), groups=4, dilation=(2, 1)), [(1, 4, 15, 70)]),
+    ],
+    "conv3d": [  # kbd-conv3d-as-conv2d, then the conv2d schedule
+        (Conv3d, [(2, 3, 5, 9, 12)]),
+        (
+            functools.partial(Conv3d, (6, 4, 3, 3, 3), padding=1, stride=(2, 1, 2)),
+            [(1, 4, 7, 9, 17)],
+        ),
+        (functools.partial(Conv3d, (4, 2, 3, 1, 3), dilation=(2, 1, 1)), [(1, 2, 9, 5, 20)]),
+        (functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2), [(1, 4, 3, 5, 6)]),
+        (functools.partial(Conv3d, (6, 2, 1, 3, 3), groups=2), [(1, 4, 3, 6, 10)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),
