@@ -14,13 +14,9 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import linalg, tensor
 
-from kbd.worker.mlir.walk import ops_named
+from kbd.worker.mlir.walk import int_array, ops_named, static_operand_types
 
 DEPTH_TO_BATCH = [0, 2, 1, 3, 4]  # [N, C, D, H, W] <-> [N, D, C, H, W]
-
-
-def _ints(op, name: str) -> list[int]:
-    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
 
 
 def conv3d_as_conv2d(module: ir.Module) -> int:
@@ -30,10 +26,10 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
     with module.context, ir.Location.unknown():
         for op in ops_named(module, "linalg.conv_3d_ncdhw_fcdhw"):
             op = op.operation
-            types = [ir.RankedTensorType(v.type) for v in op.operands]
-            if not all(t.has_static_shape for t in types):
+            types = static_operand_types(op)
+            if types is None:
                 continue
-            strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
+            strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
             image, weight, init = op.operands
             n, c, _, h, w = types[0].shape
             f, _, kd, kh, kw = types[1].shape

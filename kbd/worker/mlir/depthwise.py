@@ -19,13 +19,9 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from kbd.worker.mlir.walk import ops_named
+from kbd.worker.mlir.walk import int_array, ops_named, static_operand_types
 
 MARKER = "kbd.depthwise"
-
-
-def _ints(op, name: str) -> list[int]:
-    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
 
 
 def depthwise_convs_as_taps(module: ir.Module) -> int:
@@ -35,10 +31,10 @@ def depthwise_convs_as_taps(module: ir.Module) -> int:
     with module.context, ir.Location.unknown():
         for op in ops_named(module, "linalg.depthwise_conv_2d_nchw_chw"):
             op = op.operation
-            types = [ir.RankedTensorType(v.type) for v in op.operands]
-            if not all(t.has_static_shape for t in types):
+            types = static_operand_types(op)
+            if types is None:
                 continue
-            strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
+            strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
             image, weight, init = op.operands
             n, c, oh, ow = types[2].shape
             _, kh, kw = types[1].shape
@@ -112,15 +108,15 @@ def grouped_convs_as_convs(module: ir.Module) -> int:
     with module.context, ir.Location.unknown():
         for op in ops_named(module, "linalg.conv_2d_ngchw_gfchw"):
             op = op.operation
-            types = [ir.RankedTensorType(v.type) for v in op.operands]
-            if not all(t.has_static_shape for t in types):
+            types = static_operand_types(op)
+            if types is None:
                 continue
             image, weight, init = op.operands
             n, groups, channels, h, w = types[0].shape
             _, filters, _, kh, kw = types[1].shape
             _, _, _, oh, ow = types[2].shape
             element = types[2].element_type
-            options = {"strides": _ints(op, "strides"), "dilations": _ints(op, "dilations")}
+            options = {"strides": int_array(op, "strides"), "dilations": int_array(op, "dilations")}
             with ir.InsertionPoint(op), op.location:
                 result = init
                 for g in range(groups):

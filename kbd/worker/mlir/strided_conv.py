@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from kbd.worker.mlir.walk import ops_named
+from kbd.worker.mlir.walk import int_array, ops_named, static_operand_types
 
 CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw": 2, "linalg.conv_1d_ncw_fcw": 1}
 
@@ -87,10 +87,6 @@ def _dim(stride: int, dilation: int, kernel: int, output: int, size: int) -> Dim
     return Dim(stride, len(phases), rows, taps, new_kernel, new_dilation, output, gathered)
 
 
-def _ints(op, name: str) -> list[int]:
-    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
-
-
 def strided_convs_as_phases(module: ir.Module) -> int:
     """Rewrite every strided NCHW/FCHW (or NCW/FCW) convolution of static shapes into a stride-1
     convolution over the input's phases; returns how many were rewritten."""
@@ -99,9 +95,9 @@ def strided_convs_as_phases(module: ir.Module) -> int:
         for name, spatial in CONVOLUTIONS.items():
             for op in ops_named(module, name):
                 op = op.operation
-                strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
-                types = [ir.RankedTensorType(v.type) for v in op.operands]
-                if all(s == 1 for s in strides) or not all(t.has_static_shape for t in types):
+                strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
+                types = static_operand_types(op)
+                if all(s == 1 for s in strides) or types is None:
                     continue
                 image, weight, out = (list(t.shape) for t in types)
                 dims = [

@@ -23,3 +23,14 @@ def producer(value: ir.Value) -> ir.Operation | None:
     """The op whose result `value` is (None for a block argument)."""
     owner = value.owner
     return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
+def int_array(op, name: str) -> list[int]:
+    """An op's integer elements attribute `name` (a convolution's strides, dilations) as ints."""
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
+
+
+def static_operand_types(op) -> list[ir.RankedTensorType] | None:
+    """The ranked tensor types of an op's operands, or None when one of them is not static."""
+    types = [ir.RankedTensorType(v.type) for v in op.operands]
+    return types if all(t.has_static_shape for t in types) else None
