@@ -1,12 +1,14 @@
 """Sweeps on a real local Ray cluster that lose a kbd agent or their head: the kernels of a
 killed agent finish on the other node, a kernel in flight during two agent deaths is a crash,
-and a killed head leaves nothing behind and resumes. Nothing is mocked (see test_cluster.py).
+and a killed head leaves nothing behind and resumes; a tune whose agent is killed finishes its
+task on the other node. Nothing is mocked (see test_cluster.py).
 This module has a two-node cluster of its own, so that it runs beside test_cluster.py.
 """
 
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -15,6 +17,7 @@ import pytest
 from tests import clusters
 from tests.conftest import FIXTURE_KB, fixture_args, kbd
 from tests.test_faults import EXPECTED
+from tests.test_tune import QUICK, trials_of, tunable
 
 pytestmark = clusters.needs_ray
 
@@ -107,3 +110,31 @@ def test_head_killed_then_resume_finishes_on_the_cluster(cluster, tmp_path):
     records = clusters.final(tmp_path)
     assert {k: r["outcome"] for k, r in records.items()} == {k: EXPECTED[k][0] for k in records}
     assert len(records) == len(kernels) == len(clusters.rows(tmp_path))  # nothing ran twice
+
+
+def test_a_tune_whose_agent_is_killed_finishes_its_task_on_the_other_node(cluster, tmp_path):
+    """The node tuning the kernel loses its agent mid-search: the task goes to the other node
+    (the same CPU, so the same key: it continues), no configuration is measured twice, and the
+    session ends done with a verdict."""
+    quick = tunable(tmp_path, ["ok", "hang"])
+    args = fixture_args("level1/1_", "--pipeline", str(quick), *QUICK, "--timeout", "8")
+    head = subprocess.Popen(
+        [sys.executable, "-m", "kbd", "tune", *args, "--cluster", cluster.address],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    busy = clusters.wait_for(
+        lambda: [a for a, workers in clusters.agents(cluster).items() if workers], 180
+    )
+    assert busy, "no agent started a candidate"
+    busy[0].send_signal(signal.SIGKILL)
+    out, err = head.communicate(timeout=300)
+    assert head.returncode == 0, err
+    assert "kbd: cluster: lost the kbd agent" in err
+    assert err.count("level1/1_matmul: tuning on") == 2  # the first node, then the other
+    searched = [config for _, config, stage, *_ in trials_of(tmp_path / ".kbd" / "results.db")
+                if stage == "search"]  # fmt: skip
+    assert len(searched) == len(set(searched)) <= 3, searched  # none twice
+    assert "level1/1_matmul" in out  # the summary row
+    with sqlite3.connect(tmp_path / ".kbd" / "results.db") as db:
+        assert db.execute("SELECT status FROM tunes").fetchall() == [("done",)]
+        assert db.execute("SELECT COUNT(*) FROM tuned").fetchone() == (1,)

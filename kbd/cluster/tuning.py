@@ -32,6 +32,8 @@ from kbd.shared.errors import ClusterError
 from kbd.tune import session as tuning
 from kbd.tune.session import Report, Session
 
+IDLE_POLL_S = 0.2  # how often a node with nothing queued looks for a task another node lost
+
 
 class NodeLost(Exception):
     """The agent running a task was lost: the task goes to another node."""
@@ -50,12 +52,15 @@ async def _execute(session: Session, report: Report, log_dir: Path) -> bool:
     stopping = anyio.Event()
     losses: dict[str, int] = {}  # candidate (task key hash and pipeline) -> agent losses
     keys: dict[int, str] = {}  # task index -> its key hash on the node that last took it
+    in_flight: set[int] = set()  # task indices being tuned on some node
     options = session.options.sweep
     async with head.agents(options, log_dir, hooks) as nodes, anyio.create_task_group() as group:
         group.start_soon(scheduler.watch_interrupts, stopping, group.cancel_scope, hooks)
         async with anyio.create_task_group() as feeders:
             for node in nodes:
-                feeders.start_soon(_feed, node, session, report, queue, stopping, losses, keys)
+                feeders.start_soon(
+                    _feed, node, session, report, queue, stopping, losses, keys, in_flight
+                )
         group.cancel_scope.cancel()
     if stopping.is_set():
         return False
@@ -67,37 +72,61 @@ async def _execute(session: Session, report: Report, log_dir: Path) -> bool:
     return True
 
 
-async def _feed(node: head.Node, session, report, queue, stopping, losses, keys) -> None:
-    """One node: take the next task, tune it there, until none is left or the node is lost."""
+async def _feed(
+    node: head.Node, session, report, queue, stopping, losses, keys, in_flight: set[int]
+) -> None:
+    """One node: take the next task, tune it there, until none is left (none queued and none in
+    flight on another node, which could come back) or the node is lost."""
     where = node.info.node
     chooser = prepare.chooser_for(
         tuning.candidates_spec(session.options), None, node.info.machine, node.info.threads
     )
-    while node.alive and queue and not stopping.is_set():
-        index = queue.popleft()
-        task = tuning.task_for(session.options, session.tasks[index].planned, chooser)
-        name = session.tasks[index].entry.name
-        if isinstance(task, str):
-            session.tasks[index].note = f"not tuned on {where}: {task}"
-            report.notice(f"kbd tune: {name}: {task} on {where}; not tuned")
+    while node.alive and not stopping.is_set():
+        if not queue:
+            if not in_flight:
+                return
+            # another node's task may come back (its agent lost): wait for it or for the end
+            await anyio.sleep(IDLE_POLL_S)
             continue
-        before = keys.get(index)
-        if before is not None and before != task.key.hash():
-            report.notice(
-                f"kbd tune: {name}: {where} differs from the node that began it (CPU, features "
-                "or threads): its trials there stay stored, and it starts afresh on this one"
-            )
-        keys[index] = task.key.hash()
-        tuning.load_trials(session, task)
-        session.tasks[index] = task
-        report.notice(f"kbd tune: {name}: tuning on {where} ({task.key.cpu})")
-        runner = NodeRunner(node, session.options.sweep.timeout, stopping, losses, task.key.hash())
+        index = queue.popleft()
+        in_flight.add(index)
         try:
-            if not await tuning.tune_task(session, task, runner, report):
-                return  # stopped
-        except NodeLost:
-            queue.appendleft(index)
-            return
+            tuned = await _tune_on(
+                node, where, chooser, index, session, report, queue, stopping, losses, keys
+            )
+            if not tuned:
+                return
+        finally:
+            in_flight.discard(index)
+
+
+async def _tune_on(
+    node, where, chooser, index, session, report, queue, stopping, losses, keys
+) -> bool:
+    """Tune task `index` on `node`; False when stopped or the node was lost (the task back at
+    the queue's front)."""
+    task = tuning.task_for(session.options, session.tasks[index].planned, chooser)
+    name = session.tasks[index].entry.name
+    if isinstance(task, str):
+        session.tasks[index].note = f"not tuned on {where}: {task}"
+        report.notice(f"kbd tune: {name}: {task} on {where}; not tuned")
+        return True
+    before = keys.get(index)
+    if before is not None and before != task.key.hash():
+        report.notice(
+            f"kbd tune: {name}: {where} differs from the node that began it (CPU, features "
+            "or threads): its trials there stay stored, and it starts afresh on this one"
+        )
+    keys[index] = task.key.hash()
+    tuning.load_trials(session, task)
+    session.tasks[index] = task
+    report.notice(f"kbd tune: {name}: tuning on {where} ({task.key.cpu})")
+    runner = NodeRunner(node, session.options.sweep.timeout, stopping, losses, task.key.hash())
+    try:
+        return await tuning.tune_task(session, task, runner, report)  # False: stopped
+    except NodeLost:
+        queue.appendleft(index)
+        return False
 
 
 @dataclass
