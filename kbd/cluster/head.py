@@ -38,7 +38,7 @@ from kbd.engine import scheduler
 from kbd.engine.scheduler import Hooks, Planned
 from kbd.plan.limits import format_size
 from kbd.plan.spec import SweepSpec
-from kbd.results.record import Record, expect, inputs_of
+from kbd.results.record import Record, expect
 from kbd.shared import identity
 from kbd.shared.errors import ClusterError
 from kbd.shared.protocol import START_PHASE, Phase
@@ -297,19 +297,12 @@ async def _run_on(node: Node, plan: Planned, queue: _Queue, lost, options, hooks
     if lost[name] >= MAX_LOSSES:
         hooks.finished(crash(plan, node, phase, lost[name], wall))
         return
+    message = (
+        f"the kbd agent on {node.info.node} was lost while running it ({outcome.error}); "
+        "running it again on another node"
+    )
     hooks.lost(
-        Record(
-            kernel=plan.entry.name,
-            mode=plan.job.mode,
-            shapes=plan.job.shapes,
-            inputs=inputs_of(plan.job),
-            outcome="lost",
-            phase=phase,
-            message=f"the kbd agent on {node.info.node} was lost while running it "
-            f"({outcome.error}); running it again on another node",
-            wall_s=wall,
-            node=node.info.node,
-        )
+        scheduler.plan_record(plan, "lost", phase, message, wall_s=wall, node=node.info.node)
     )
     queue.plans.appendleft(plan)
 
@@ -330,19 +323,14 @@ def crash(plan: Planned, node: Node, phase: str, count: int, wall: float) -> Rec
         f"node agent died {count} times while running it (last on {node.info.node}); not retried"
     )
     outcome, note = expect("crash", phase, message, plan.entry.expectation)
-    return Record(
-        kernel=plan.entry.name,
-        mode=plan.job.mode,
-        shapes=plan.job.shapes,
-        inputs=inputs_of(plan.job),
-        outcome=outcome,
-        phase=phase,
-        message=f"{message} [{note}]" if note else message,
+    return scheduler.plan_record(
+        plan,
+        outcome,
+        phase,
+        f"{message} [{note}]" if note else message,
         wall_s=wall,
         expected=str(plan.entry.expectation) if plan.entry.expectation else None,
-        warning=plan.entry.warning,
         node=node.info.node,
-        pipeline=plan.job.pipeline,
     )
 
 

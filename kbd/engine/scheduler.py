@@ -354,20 +354,27 @@ def sized(plan: Planned, found: Sized) -> Planned:
     )
 
 
-def _internal_error(plan: Planned, exc: Exception) -> Record:
-    """A kbd bug must not end the sweep: the kernel's record says what it was."""
+def plan_record(plan: Planned, outcome: str, phase: str, message: str, **fields) -> Record:
+    """The record of a planned kernel that ended without a worker's result (skipped, a kbd
+    error, lost with its agent): what identifies it, and `fields`."""
     return Record(
         kernel=plan.entry.name,
         mode=plan.job.mode,
         dtype=plan.job.dtype,
         shapes=plan.job.shapes,
         inputs=inputs_of(plan.job),
-        outcome="error",
-        phase="supervisor",
-        message=f"kbd internal error: {exc!r}",
+        outcome=outcome,
+        phase=phase,
+        message=message,
         pipeline=plan.job.pipeline,
         warning=plan.entry.warning,
+        **fields,
     )
+
+
+def _internal_error(plan: Planned, exc: Exception) -> Record:
+    """A kbd bug must not end the sweep: the kernel's record says what it was."""
+    return plan_record(plan, "error", "supervisor", f"kbd internal error: {exc!r}")
 
 
 async def watch_interrupts(stopping: anyio.Event, scope: anyio.CancelScope, hooks: Hooks) -> None:
@@ -406,18 +413,8 @@ def skipped(plan: Planned, reason: str) -> Record:
     if plan.job.sized is not None:  # the problem's own: say which
         shapes = " for inputs " + _shorten(", ".join(plan.job.sized.inputs), 120)
     message = f"needs about {format_size(plan.memory)}{shapes}, {reason}"
-    return Record(
-        kernel=plan.entry.name,
-        mode=plan.job.mode,
-        dtype=plan.job.dtype,
-        shapes=plan.job.shapes,
-        inputs=inputs_of(plan.job),
-        outcome="skipped",
-        phase="schedule",
-        message=message,
-        expected=str(plan.entry.expectation) if plan.entry.expectation else None,
-        warning=plan.entry.warning,
-    )
+    expected = str(plan.entry.expectation) if plan.entry.expectation else None
+    return plan_record(plan, "skipped", "schedule", message, expected=expected)
 
 
 def _shorten(text: str, width: int) -> str:
