@@ -151,7 +151,7 @@ def chooser_for(
 ) -> pipelines.Chooser:
     """The pipeline chooser of a plan, with the tuned configurations it applies: for this
     machine with workers of `cores / -j` cores, or for `machine` with workers of `threads`
-    (a cluster node's, kbd.tune.remote)."""
+    (a cluster node's, kbd.cluster.tuning)."""
     if threads is None:
         jobs = options.jobs or len(limits.usable_cores())
         threads = scheduler.cores_per_worker(limits.usable_cores(), jobs)

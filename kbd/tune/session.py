@@ -12,7 +12,7 @@ speedup's interval lies above the default's, else the default stays, and the rec
 
 Where candidates run is a `Runner`: this machine's pool and a warm template (`Here`: in this
 process, or in the daemon with its pool and template, kbd.daemon.work), or one cluster node
-(kbd.tune.remote). What a tune says goes to a `Report` as kbd.tune.events messages: printed
+(kbd.cluster.tuning). What a tune says goes to a `Report` as kbd.tune.events messages: printed
 here, or sent to the daemon's followers. A session is begun (`begin`: planned, stored,
 its trials loaded), tuned (`tune`) and finished (`finish`: its status and summary).
 """
@@ -332,7 +332,7 @@ async def _confirm(session: Session, task: Task, runner: Runner, report: Report)
         if plans and not await _run(session, task, plans, "confirm", runner, report):
             return False
         verdict = tune_summary.verdict(task.trials, default)
-    if best(task.trials) is None:  # nothing passed: nothing to record
+    if verdict.text == tune_summary.EVERY_CONFIGURATION_FAILED:  # nothing to record
         return True
     report.notice(f"kbd tune: {name}: {verdict.text}")
     tuning.adopt(

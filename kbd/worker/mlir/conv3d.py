@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import linalg, tensor
 
-from kbd.worker.mlir.walk import int_array, ops_named, static_operand_types
+from kbd.worker.mlir.walk import extract, int_array, ops_named, static_operand_types
 
 DEPTH_TO_BATCH = [0, 2, 1, 3, 4]  # [N, C, D, H, W] <-> [N, D, C, H, W]
 
@@ -38,25 +38,15 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
             with ir.InsertionPoint(op), op.location:
                 result = _depths_in_batch(init, element, [n, f, od, oh, ow])
                 for tap in range(kd):
-                    depths = tensor.extract_slice(
-                        ir.RankedTensorType.get([n, c, od, h, w], element),
+                    depths = extract(
                         image,
-                        [],
-                        [],
-                        [],
+                        element,
                         [0, 0, tap * dilations[0], 0, 0],
                         [n, c, od, h, w],
-                        [1, 1, strides[0], 1, 1],
+                        strides=[1, 1, strides[0], 1, 1],
                     )
-                    kernel = tensor.extract_slice(
-                        ir.RankedTensorType.get([f, c, kh, kw], element),
-                        weight,
-                        [],
-                        [],
-                        [],
-                        [0, 0, tap, 0, 0],
-                        [f, c, 1, kh, kw],
-                        [1] * 5,
+                    kernel = extract(
+                        weight, element, [0, 0, tap, 0, 0], [f, c, 1, kh, kw], shape=[f, c, kh, kw]
                     )
                     result = linalg.conv_2d_nchw_fchw(
                         _depths_in_batch(depths, element, [n, c, od, h, w]),

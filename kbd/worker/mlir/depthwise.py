@@ -17,9 +17,9 @@ in channels-last layout.
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor
+from torch_mlir.dialects import arith, linalg
 
-from kbd.worker.mlir.walk import int_array, ops_named, static_operand_types
+from kbd.worker.mlir.walk import extract, insert, int_array, ops_named, static_operand_types
 
 MARKER = "kbd.depthwise"
 
@@ -44,29 +44,15 @@ def depthwise_convs_as_taps(module: ir.Module) -> int:
                 for i in range(kh):
                     for j in range(kw):
                         views.append(
-                            tensor.extract_slice(
-                                ir.RankedTensorType.get([n, c, oh, ow], element),
+                            extract(
                                 image,
-                                [],
-                                [],
-                                [],
+                                element,
                                 [0, 0, i * dilations[0], j * dilations[1]],
                                 [n, c, oh, ow],
-                                [1, 1, strides[0], strides[1]],
+                                strides=[1, 1, strides[0], strides[1]],
                             )
                         )
-                        columns.append(
-                            tensor.extract_slice(
-                                ir.RankedTensorType.get([c], element),
-                                weight,
-                                [],
-                                [],
-                                [],
-                                [0, i, j],
-                                [c, 1, 1],
-                                [1, 1, 1],
-                            )
-                        )
+                        columns.append(extract(weight, element, [0, i, j], [c, 1, 1], shape=[c]))
                 generic = _tap_sum(views, columns, init, types[2])
             op.results[0].replace_all_uses_with(generic.results[0])
             op.erase()
@@ -124,11 +110,7 @@ def grouped_convs_as_convs(module: ir.Module) -> int:
                     k = _group(weight, element, g, [groups, filters, channels, kh, kw], 0)
                     out = _group(init, element, g, [n, groups, filters, oh, ow], 1)
                     conv = linalg.conv_2d_nchw_fchw(x, k, outs=[out], **options)
-                    sizes = [n, 1, filters, oh, ow]
-                    offsets = [0, g, 0, 0, 0]
-                    result = tensor.InsertSliceOp(
-                        conv, result, [], [], [], offsets, sizes, [1] * 5
-                    ).result
+                    result = insert(conv, result, [0, g, 0, 0, 0], [n, 1, filters, oh, ow])
             op.results[0].replace_all_uses_with(result)
             op.erase()
             changed += 1
@@ -141,5 +123,4 @@ def _group(value: ir.Value, element, group: int, shape: list[int], dim: int) -> 
     offsets[dim] = group
     sizes = list(shape)
     sizes[dim] = 1
-    result = ir.RankedTensorType.get(shape[:dim] + shape[dim + 1 :], element)
-    return tensor.extract_slice(result, value, [], [], [], offsets, sizes, [1] * len(shape))
+    return extract(value, element, offsets, sizes, shape=shape[:dim] + shape[dim + 1 :])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from kbd.worker.mlir.walk import int_array, ops_named, static_operand_types
+from kbd.worker.mlir.walk import extract, insert, int_array, ops_named, static_operand_types
 
 CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw": 2, "linalg.conv_1d_ncw_fcw": 1}
 
@@ -128,15 +128,6 @@ def _zeros(shape: list[int], element: ir.Type) -> ir.Value:
     return linalg.fill(zero, outs=[tensor.empty(shape, element)])
 
 
-def _slice(value: ir.Value, element, offsets, sizes, result_shape=None) -> ir.Value:
-    result = ir.RankedTensorType.get(result_shape or sizes, element)
-    return tensor.extract_slice(result, value, [], [], [], offsets, sizes, [1] * len(sizes))
-
-
-def _insert(value: ir.Value, into: ir.Value, offsets, sizes) -> ir.Value:
-    return tensor.InsertSliceOp(value, into, [], [], [], offsets, sizes, [1] * len(sizes)).result
-
-
 def _phased_input(image: ir.Value, image_type, dims: list[Dim]) -> ir.Value:
     """[N, C, I...] -> [N, C * m..., Y...]: each spatial dim padded with zeros (or cut) to Y * s
     positions, split into Y rows of s phases, phases 0 .. m-1 kept and moved next to C."""
@@ -147,16 +138,16 @@ def _phased_input(image: ir.Value, image_type, dims: list[Dim]) -> ir.Value:
     if wanted != sizes:
         kept = [min(w, s) for w, s in zip(wanted, sizes, strict=True)]
         if kept != sizes:
-            image = _slice(image, element, [0] * (2 + spatial), [n, c, *kept])
+            image = extract(image, element, [0] * (2 + spatial), [n, c, *kept])
         if kept != wanted:
-            image = _insert(image, _zeros([n, c, *wanted], element), [0] * (2 + spatial),
+            image = insert(image, _zeros([n, c, *wanted], element), [0] * (2 + spatial),
                             [n, c, *kept])  # fmt: skip
     split = [n, c] + [x for d in dims for x in (d.rows, d.stride)]
     groups = [[0], [1]] + [[2 + 2 * j, 3 + 2 * j] for j in range(spatial)]
     image = tensor.expand_shape(ir.RankedTensorType.get(split, element), image, groups, [], split)
     phases = [n, c] + [x for d in dims for x in (d.rows, d.phases)]
     if phases != split:
-        image = _slice(image, element, [0] * len(split), phases)
+        image = extract(image, element, [0] * len(split), phases)
     # [N, C, Y1, m1, Y2, m2] -> [N, C, m1, m2, Y1, Y2]
     order = [0, 1] + [3 + 2 * j for j in range(spatial)] + [2 + 2 * j for j in range(spatial)]
     moved = [phases[i] for i in order]
@@ -193,8 +184,8 @@ def _gathered(phased: ir.Value, element, n: int, c: int, dims: list[Dim]) -> ir.
         source_offsets = [0, 0] + [s[0] for s in slots] + [r[0] for r in rows]
         sizes = [n, c] + [s[1] for s in slots] + [r[1] for r in rows]
         target_offsets = [0, 0] + [s[2] for s in slots] + [0] * len(rows)
-        taken = _slice(phased, element, source_offsets, sizes)
-        gathered = _insert(taken, gathered, target_offsets, sizes)
+        taken = extract(phased, element, source_offsets, sizes)
+        gathered = insert(taken, gathered, target_offsets, sizes)
     return gathered
 
 
@@ -210,10 +201,10 @@ def _phased_kernel(weight: ir.Value, weight_type, dims: list[Dim]) -> ir.Value:
     for j in range(spatial):
         taps = [[*tap, k] for tap in taps for k in range(sizes[j])]
     for tap in taps:
-        column = _slice(weight, element, [0, 0, *tap], [f, c] + [1] * spatial, [f, c])
+        column = extract(weight, element, [0, 0, *tap], [f, c] + [1] * spatial, shape=[f, c])
         placed = [dims[j].placed(k) for j, k in enumerate(tap)]
         offsets = [0, 0] + [p for p, _ in placed] + [i for _, i in placed]
-        kernel = _insert(column, kernel, offsets, [f, c] + [1] * (2 * spatial))
+        kernel = insert(column, kernel, offsets, [f, c] + [1] * (2 * spatial))
     channels = c
     for d in dims:
         channels *= d.slots

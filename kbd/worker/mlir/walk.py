@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torch_mlir import ir
+from torch_mlir.dialects import tensor
 
 
 def ops_named(module: ir.Module, name: str) -> list:
@@ -34,3 +35,16 @@ def static_operand_types(op) -> list[ir.RankedTensorType] | None:
     """The ranked tensor types of an op's operands, or None when one of them is not static."""
     types = [ir.RankedTensorType(v.type) for v in op.operands]
     return types if all(t.has_static_shape for t in types) else None
+
+
+def extract(value: ir.Value, element, offsets, sizes, *, strides=None, shape=None) -> ir.Value:
+    """A static `tensor.extract_slice` of `value`: `sizes` at `offsets` (with `strides`, 1 by
+    default), of type `shape` (default `sizes`; fewer dims for a rank-reducing slice)."""
+    result = ir.RankedTensorType.get(list(shape or sizes), element)
+    strides = strides or [1] * len(sizes)
+    return tensor.extract_slice(result, value, [], [], [], offsets, sizes, strides)
+
+
+def insert(value: ir.Value, into: ir.Value, offsets, sizes) -> ir.Value:
+    """A static `tensor.insert_slice` of `value` into `into`: `sizes` at `offsets`."""
+    return tensor.InsertSliceOp(value, into, [], [], [], offsets, sizes, [1] * len(sizes)).result
