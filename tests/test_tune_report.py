@@ -123,7 +123,7 @@ def test_the_terminal_table_and_the_page_say_the_same(tmp_path):
     store = _store(tmp_path / "r.db")
     tuning = TuningStore(store, create=False)
     tasks = tune_summary.session(tuning, 1)
-    lines = tune_summary.table(tasks).splitlines()
+    lines = tune_summary.table([tune_summary.row(t) for t in tasks]).splitlines()
     expected = (
         "level1/1_mm 12 5 1 crash, 1 memory 1x 2x adopted: 1.90x the default, interval above 1.71x"
     )

@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
+
 from kbd.plan.space import Config
 from kbd.plan.tuned import config_text
 from kbd.results.tuning import Trial, TuningStore
@@ -147,42 +149,44 @@ def interval(trial: Trial | None) -> str:
     return f"[{trial.low:.3g}, {trial.high:.3g}]"
 
 
+class TaskRow(msgspec.Struct, frozen=True):
+    """One task's row of kbd tune's summary table (a message: the daemon relays it)."""
+
+    kernel: str
+    configs: int | None  # valid configurations (None: not recorded)
+    measured: int
+    failed: str  # e.g. "2 crash, 1 mismatch", or "0"
+    default: float | None  # the default's speedup over eager, searching
+    best: float | None
+    verdict: str
+
+
+def row(task: TaskSummary, note: str = "") -> TaskRow:
+    """A task's row; `note` in place of its verdict (a task not tuned at all)."""
+    return TaskRow(
+        kernel=task.kernel,
+        configs=task.configs,
+        measured=task.measured,
+        failed=task.failed(),
+        default=speedup_of(task.default),
+        best=speedup_of(task.best),
+        verdict=note or task.verdict.text,
+    )
+
+
 TABLE_HEADER = (
     f"{'kernel':40} {'configs':>7} {'measured':>9}  {'failed':>6}  default     best   verdict"
 )
 
 
-def table_line(
-    kernel: str,
-    configs: int | None,
-    measured: int,
-    failed: str,
-    default: float | None,
-    best: float | None,
-    verdict: str,
-) -> str:
-    """One task's line of kbd tune's summary table."""
-    count = "-" if configs is None else str(configs)
-    return (
-        f"{kernel[:40]:40} {count:>7} {measured:>9}  {failed:>6}"
-        f"  {format_speedup(default):>6}  {format_speedup(best):>6}   {verdict}"
-    )
-
-
-def table(tasks: list[TaskSummary]) -> str:
+def table(rows: list[TaskRow]) -> str:
     """kbd tune's summary: one line per task."""
     lines = [TABLE_HEADER]
-    for task in tasks:
+    for r in rows:
+        configs = "-" if r.configs is None else str(r.configs)
         lines.append(
-            table_line(
-                task.kernel,
-                task.configs,
-                task.measured,
-                task.failed(),
-                speedup_of(task.default),
-                speedup_of(task.best),
-                task.verdict.text,
-            )
+            f"{r.kernel[:40]:40} {configs:>7} {r.measured:>9}  {r.failed:>6}"
+            f"  {format_speedup(r.default):>6}  {format_speedup(r.best):>6}   {r.verdict}"
         )
     return "\n".join(lines)
 

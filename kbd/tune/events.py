@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
+from kbd.results.tune_summary import TaskRow
 from kbd.results.tuning import Trial
 
 
@@ -17,18 +18,6 @@ class TrialEnded(msgspec.Struct, frozen=True, tag="trial-ended"):
     measured: int  # configurations searched so far
     failed: int  # of which failed
     best: float | None  # the best speedup over eager so far (None: nothing timed yet)
-
-
-class TaskRow(msgspec.Struct, frozen=True):
-    """One task's row of the summary table."""
-
-    kernel: str
-    configs: int  # valid configurations
-    measured: int
-    failed: str  # e.g. "2 crash, 1 mismatch", or "0"
-    default: float | None  # the default's speedup over eager, searching
-    best: float | None
-    verdict: str
 
 
 class TuneEnded(msgspec.Struct, frozen=True, tag="tune-ended"):

@@ -36,11 +36,11 @@ from kbd.plan.spec import SweepSpec, TuneSpec
 from kbd.results import tune_summary
 from kbd.results.record import Record
 from kbd.results.store import Store
-from kbd.results.tune_summary import best
+from kbd.results.tune_summary import TaskRow, best
 from kbd.results.tuning import Trial, TuningStore, trial_of
 from kbd.shared.errors import ClusterError, InputError, TemplateError, fatal_error
 from kbd.shared.protocol import BenchOptions
-from kbd.tune.events import TaskRow, TrialEnded, TuneEnded
+from kbd.tune.events import TrialEnded, TuneEnded
 from kbd.tune.search import Search
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -415,15 +415,7 @@ def _row(task: Task) -> TaskRow:
     summary = tune_summary.summarize(
         task.entry.name, task.key.descriptor, len(task.configs), task.configs[0], task.trials
     )
-    return TaskRow(
-        kernel=task.entry.name,
-        configs=len(task.configs),
-        measured=summary.measured,
-        failed=summary.failed(),
-        default=tune_summary.speedup_of(summary.default),
-        best=tune_summary.speedup_of(summary.best),
-        verdict=task.note or summary.verdict.text,
-    )
+    return tune_summary.row(summary, task.note)
 
 
 def _tune_here(session: Session, report: Report) -> bool:

@@ -33,19 +33,7 @@ def show_trial(event: TrialEnded) -> None:
 
 def show_end(ended: TuneEnded) -> None:
     if ended.rows:
-        print("\n" + tune_summary.TABLE_HEADER)
-        for row in ended.rows:
-            print(
-                tune_summary.table_line(
-                    row.kernel,
-                    row.configs,
-                    row.measured,
-                    row.failed,
-                    row.default,
-                    row.best,
-                    row.verdict,
-                )
-            )
+        print("\n" + tune_summary.table(ended.rows))
         sys.stdout.flush()
     for text in ended.closing:
         print(text, file=sys.stderr)
