@@ -1,0 +1,244 @@
+// Reductions and losses (sum/mean/max/min/argmax over a dim, norms, losses to a scalar), in
+// parallel blocks of outer rows, each op vectorized by its shape:
+// 1. fold unit dims and fuse element-wise producers into their consumers (|x|, x^2, (p - t)^2
+//    into the sum that reads them);
+// 2. the op writing each result, when its outer dim is parallel, is tiled by $rows outer rows as
+//    an scf.forall with its producers fused into each block (a row's norm, then the row divided
+//    by it, while the row is in cache);
+// 3. a reduction over the last dim still outside any block (a loss's row sums: kbd sums a
+//    long full reduction as row sums of blocks, then a sum of those) gets blocks of its own;
+// 4. in each block, by the shape of the op:
+//    - reduction over the middle dim of [p, r, p] or [p, r, p, p] (sum over dim 1 of a 3-D or
+//      4-D tensor): one step of the reduced dim at a time, adding whole rows of the last dim
+//      $width lanes at a time into the result row (contiguous reads; the result row stays in
+//      cache);
+//    - reduction over the last dim ([p, r]): $wide partial results per row, combined at the end;
+//    - all-parallel ops of rank 2 to 4: $width-wide chunks of the last dim.
+// An op a step does not apply to is left to the loop lowering (each step's failures are
+// suppressed): argmax and argmin (their index is no combiner the vectorizer knows), the final
+// combine of a loss's row sums, a reduction over the outer dim.
+// Variables: rows (outer rows per block), width (vector lanes per chunk, a multiple of the
+// host's), wide (partial results per row of a last-dim reduction: several registers).
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %rank2 = transform.param.constant 2 : i64 -> !transform.param<i64>
+    %rank3 = transform.param.constant 3 : i64 -> !transform.param<i64>
+    %rank4 = transform.param.constant 4 : i64 -> !transform.param<i64>
+    %func = transform.structured.match ops{["func.func"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %func {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %folded = transform.apply_registered_pass "linalg-fold-unit-extent-dims" to %func
+      : (!transform.any_op) -> !transform.any_op
+    %fused = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %folded
+      : (!transform.any_op) -> !transform.any_op
+    // 2. Results: $rows outer rows per block, producers fused.
+    %outputs = transform.structured.match ops{["bufferization.materialize_in_destination"]}
+      in %fused : (!transform.any_op) -> !transform.any_op
+    transform.foreach %outputs : !transform.any_op {
+    ^bb0(%output: !transform.any_op):
+      transform.sequence %output : !transform.any_op failures(suppress) {
+      ^bb1(%store: !transform.any_op):
+        %last = transform.get_producer_of_operand %store[0]
+          : (!transform.any_op) -> !transform.any_op
+        %outer = transform.match.structured failures(propagate) %last
+            : (!transform.any_op) -> !transform.any_op {
+        ^bb2(%s: !transform.any_op):
+          transform.match.structured.dim %s[0] {parallel} : !transform.any_op
+          transform.match.structured.yield %s : !transform.any_op
+        }
+        %tiled, %forall = transform.structured.fuse %outer tile_sizes [$rows]
+            {use_forall, apply_cleanup}
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      }
+    }
+    transform.apply_cse to %fused : !transform.any_op
+    // 3. Last-dim reductions outside every block: blocks of their own.
+    %generics = transform.structured.match ops{["linalg.generic"]} in %fused
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %generics : !transform.any_op {
+    ^bb0(%op: !transform.any_op):
+      transform.sequence %op : !transform.any_op failures(suppress) {
+      ^bb1(%candidate: !transform.any_op):
+        %parent = transform.get_parent_op %candidate {op_name = "scf.forall", allow_empty_results}
+          : (!transform.any_op) -> !transform.any_op
+        transform.match.operation_empty %parent : !transform.any_op
+        %rows = transform.match.structured failures(propagate) %candidate
+            : (!transform.any_op) -> !transform.any_op {
+        ^bb2(%s: !transform.any_op):
+          %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank2 : !transform.param<i64>
+          transform.match.structured.dim %s[0] {parallel} : !transform.any_op
+          transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+          transform.match.structured.yield %s : !transform.any_op
+        }
+        %block, %forall = transform.structured.tile_using_forall %rows tile_sizes [$rows]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      }
+    }
+    // 4. Each block's ops, by shape. `match ... in` takes one op at a time.
+    %blocks = transform.structured.match ops{["scf.forall"]} in %fused
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %blocks : !transform.any_op {
+    ^bb0(%block: !transform.any_op):
+      // Middle-dim reductions of 3-D ops: a row of the reduced dim at a time.
+      %middle3 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %middle3 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
+            transform.match.structured.dim %s[0, 2] {parallel} : !transform.any_op
+            transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %row, %l1 = transform.structured.tile_using_for %m tile_sizes [0, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %chunk, %l2 = transform.structured.tile_using_for %row tile_sizes [0, 0, $width]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %chunk vector_sizes [$rows, 1, $width]
+            : !transform.any_op
+        }
+      }
+      // Middle-dim reductions of 4-D ops ([p, r, p, p]: RMS norm's mean over channels).
+      %middle4 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %middle4 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
+            transform.match.structured.dim %s[0, 2, 3] {parallel} : !transform.any_op
+            transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %plane, %l1 = transform.structured.tile_using_for %m tile_sizes [0, 1, 0, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %row, %l2 = transform.structured.tile_using_for %plane tile_sizes [0, 0, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %chunk, %l3 = transform.structured.tile_using_for %row tile_sizes [0, 0, 0, $width]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %chunk vector_sizes [$rows, 1, 1, $width]
+            : !transform.any_op
+        }
+      }
+      // Last-dim reductions: $wide partial results per row, combined after the loop.
+      %last = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %last : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank2 : !transform.param<i64>
+            transform.match.structured.dim %s[0] {parallel} : !transform.any_op
+            transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for
+              %m by tile_sizes = [0, $wide]
+            : (!transform.any_op)
+            -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+          transform.structured.vectorize %partial vector_sizes [$rows, $wide] : !transform.any_op
+          transform.structured.vectorize %combine vector_sizes [$rows, $wide] : !transform.any_op
+        }
+      }
+      // All-parallel ops: $width-wide chunks of the last dim, one row of each outer dim at a time.
+      %parallel4 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %parallel4 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
+            transform.match.structured.dim %s[all] {parallel} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %plane, %l1 = transform.structured.tile_using_for %m tile_sizes [0, 1, 0, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %row, %l2 = transform.structured.tile_using_for %plane tile_sizes [0, 0, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %chunk, %l3 = transform.structured.tile_using_for %row tile_sizes [0, 0, 0, $width]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %chunk vector_sizes [$rows, 1, 1, $width]
+            : !transform.any_op
+        }
+      }
+      %parallel3 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %parallel3 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
+            transform.match.structured.dim %s[all] {parallel} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %row, %l1 = transform.structured.tile_using_for %m tile_sizes [0, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          %chunk, %l2 = transform.structured.tile_using_for %row tile_sizes [0, 0, $width]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %chunk vector_sizes [$rows, 1, $width] : !transform.any_op
+        }
+      }
+      %parallel2 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %parallel2 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank2 : !transform.param<i64>
+            transform.match.structured.dim %s[all] {parallel} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %chunk, %loop = transform.structured.tile_using_for %m tile_sizes [0, $width]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          transform.structured.vectorize %chunk vector_sizes [$rows, $width] : !transform.any_op
+        }
+      }
+    }
+    // Keep accumulators in registers across their loops; lower what vectorization left.
+    %loops = transform.structured.match interface{LoopLikeInterface} in %fused
+      : (!transform.any_op) -> !transform.any_op
+    transform.apply_licm to %loops : !transform.any_op
+    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
+    transform.apply_patterns to %fused {
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+      transform.apply_patterns.vector.multi_reduction_flattening lowering_strategy = "innerreduction"
+      transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %loops2 = transform.structured.match interface{LoopLikeInterface} in %fused
+      : (!transform.any_op) -> !transform.any_op
+    transform.loop.hoist_loop_invariant_subsets %loops2 : !transform.any_op
+    // Masked transfers (a last partial chunk) must be plain masked ops before bufferization.
+    %lowered = transform.apply_registered_pass "lower-vector-mask" to %fused
+      : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}
