@@ -197,7 +197,7 @@ def test_integer_targets_get_i64_and_class_range(kb: Path):
     assert g.initializations == ["rnd", "rnd100"]
     assert g.outputs == [()]
     assert g.reductions == []
-    assert "family" not in g.fields  # cross_entropy_loss: no family claims it
+    assert g.fields == {"family": "reduction"}  # cross_entropy_loss: a loss, a reduction
 
 
 def test_scalar_input_randn_and_fallback_flops(kb: Path):

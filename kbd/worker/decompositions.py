@@ -10,7 +10,9 @@ adds the elements into one f32 accumulator in sequence, whose error grows with t
 2^26 elements of U(0,1)^2 it is 18%, against 2e-8 for eager's cascade sum: the running sum
 outgrows the addends' precision). Reduced one dimension at a time, innermost first, and a
 dimension longer than `BLOCK` split into at most `BLOCK` blocks of at most `BLOCK` (each block
-summed, then the block sums), no sequential run is longer than `BLOCK` (2e-6 at 2^26).
+summed, then the block sums), no sequential run is longer than `BLOCK` (2e-6 at 2^26). A sum of
+every element is one such dimension, the tensor flattened. The 2-norm (`torch.norm`,
+`linalg.vector_norm`) is the square root of such a sum of squares.
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ def _blocked_sum(x, dim, keepdim, dtype):
         return NotImplemented
     if len(dims) == 1 and block_length(count) is None:
         return NotImplemented  # no blocks that fit: one sequential reduction after all
+    if len(dims) == x.dim() > 1 and block_length(count) is not None:
+        # Every element: summed as one row, so the blocks are rows of the contiguous data
+        # (a rank-4 tensor is not four reductions, the first over its short last dim).
+        summed = _sum_dim(x.reshape(-1), 0)
+        return summed.reshape([1] * x.dim()) if keepdim else summed.reshape([])
     summed = x
     for d in reversed(dims):  # innermost first: the reshapes keep outer dims in place
         summed = _sum_dim(summed, d)
@@ -130,6 +137,14 @@ def mean_all(x, *, dtype=None):
     return mean(x, None, False, dtype=dtype)
 
 
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """The 2-norm as the square root of a sum of squares (the sum blocked as above); other
+    norms as they are."""
+    if ord != 2 or dtype is not None or x.dtype not in _FLOATS:
+        return NotImplemented
+    return torch.sqrt(torch.sum(x * x, dim, keepdim))
+
+
 TABLE = {
     aten.cumsum.default: cumsum,
     aten.cumprod.default: cumprod,
@@ -137,4 +152,5 @@ TABLE = {
     aten.sum.dim_IntList: sum_,
     aten.mean.default: mean_all,
     aten.mean.dim: mean,
+    aten.linalg_vector_norm.default: vector_norm,
 }

@@ -28,6 +28,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax"),
     "norm": ("layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"),
     "reduction": ("sum", "mean", "amax", "amin", "max", "min", "prod", "argmax", "argmin",
+                  "linalg_vector_norm", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+                  "kl_div", "cross_entropy_loss", "nll_loss", "triplet_margin_loss",
                   "var", "std", "norm", "cumsum", "cumprod", "logsumexp"),
 }  # fmt: skip
 # Families whose ops are weighed by their FLOPs to find the dominant one.
