@@ -110,3 +110,25 @@ def test_meta_tensors_are_enough():
     with torch.device("meta"):
         model, x = ConvThenLinear(4).eval(), torch.randn(1, 3, 8, 8)
     assert families.family_of(model, [x]) == "conv2d"
+
+
+class MseLoss(torch.nn.Module):
+    def forward(self, predictions, targets):
+        return torch.nn.functional.mse_loss(predictions, targets)
+
+
+class CrossEntropy(torch.nn.Module):
+    def forward(self, x, targets):
+        return torch.nn.functional.cross_entropy(x, targets)
+
+
+class L2Norm(torch.nn.Module):
+    def forward(self, x):
+        return x / torch.norm(x, p=2, dim=1, keepdim=True)
+
+
+def test_losses_and_norms_are_reductions():
+    x = torch.randn(4, 8)
+    assert families.family_of(MseLoss(), [x, torch.randn(4, 8)]) == "reduction"
+    assert families.family_of(CrossEntropy(), [x, torch.randint(0, 8, (4,))]) == "reduction"
+    assert families.family_of(L2Norm(), [x]) == "reduction"

@@ -103,6 +103,55 @@ class MeanMiddle(torch.nn.Module):
         return torch.mean(x, dim=1)
 
 
+class ArgmaxMiddle(torch.nn.Module):
+    def forward(self, x):
+        return torch.argmax(x, dim=1)
+
+
+class ArgminLast(torch.nn.Module):
+    def forward(self, x):
+        return torch.argmin(x, dim=-1)
+
+
+class RmsNorm(torch.nn.Module):
+    """KernelBench's RMS norm: a mean of squares over the channels of a 4-D tensor."""
+
+    def forward(self, x):
+        return x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-5)
+
+
+class L2Norm(torch.nn.Module):
+    def forward(self, x):
+        return x / torch.norm(x, p=2, dim=1, keepdim=True)
+
+
+class FrobeniusNorm(torch.nn.Module):
+    def forward(self, x):
+        return x / torch.norm(x, p="fro")
+
+
+class MseLoss(torch.nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean((predictions - targets) ** 2)
+
+
+class HingeLoss(torch.nn.Module):
+    def forward(self, predictions, targets):
+        return torch.mean(torch.clamp(1 - predictions * targets, min=0))
+
+
+class CrossEntropy(torch.nn.Module):
+    """Cross entropy against fixed class targets (a buffer: every input of a case is a float)."""
+
+    def __init__(self, rows=6, classes=70):
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        self.register_buffer("targets", torch.randint(0, classes, (rows,), generator=generator))
+
+    def forward(self, x):
+        return torch.nn.functional.cross_entropy(x, self.targets)
+
+
 class Mv(torch.nn.Module):
     def forward(self, a, x):
         return torch.mv(a, x)
@@ -285,6 +334,23 @@ CASES = {
         (SumMiddleKeepdim, [(3, 9, 130)]),
         (MeanMiddle, [(2, 16, 64)]),
     ],
+    "reduction": [  # reduction.mlir
+        (SumMiddleKeepdim, [(3, 9, 130)]),  # whole rows added into the result row
+        (MaxMiddle, [(4, 33, 70)]),
+        (MeanMiddle, [(2, 16, 64)]),
+        (RmsNorm, [(2, 8, 5, 37)]),  # a 4-D middle-dim reduction, then the division
+        (SumLast, [(5, 37)]),  # partial sums in registers
+        (L2Norm, [(5, 300)]),
+        (FrobeniusNorm, [(2, 3, 5, 7)]),
+        (ArgmaxMiddle, [(3, 17, 40)]),  # the loop lowering inside each block
+        (ArgminLast, [(4, 50)]),
+        (HingeLoss, [(8, 16), (16,)]),  # a scalar from few elements: one sequential sum
+        # a scalar from more than decompositions.BLOCK elements: row sums of the flattened
+        # input in blocks of their own, then their sum
+        (MseLoss, [(4, 20000), (4, 20000)]),
+        (FrobeniusNorm, [(3, 4, 100, 70)]),
+        (CrossEntropy, [(6, 70)]),
+    ],
     "norm": [  # norm.mlir, on the norms as kbd.worker.norms decomposes them
         (LayerNorm, [(3, 5, 33)]),
         (LongLayerNorm, [(2, 3 * 65536)]),
@@ -294,6 +360,9 @@ CASES = {
         (BatchNorm, [(2, 4, 5, 9)]),
     ],
 }
+
+
+DTYPES = {"f32": np.float32, "i64": np.int64}  # result element types of the cases
 
 
 def family_schedules() -> list[tuple[Path, str | None, str]]:
@@ -334,7 +403,7 @@ def test_family_schedule(path, feature, family, tmp_path):
         module, args, out_types = lower(path, module_class, shapes)
         if ARCH == "x86_64" and (feature is None or feature in HOST_FEATURES):
             compiled = mlir.Compiled(module, 3, openmp=True)
-            outputs = [np.zeros(t.dims, np.float32) for t in out_types]
+            outputs = [np.zeros(t.dims, DTYPES[t.dtype]) for t in out_types]
             compiled([*outputs, *ingress.buffers_from_args(args)])
             expected = module_class()(*args).detach().numpy()
             np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-4)
