@@ -20,7 +20,20 @@
 // Variables: rows (outer rows per block), width (vector lanes per chunk, a multiple of the
 // host's), wide (partial results per row of a last-dim reduction: several registers).
 module attributes {transform.with_named_sequence} {
+  // Peels the last, partial iteration of a loop into a loop of its own, so that the full chunks
+  // vectorize without masks; a loop with no partial iteration is left alone.
+  transform.named_sequence @peel(%loop: !transform.any_op {transform.readonly}) {
+    transform.sequence %loop : !transform.any_op failures(suppress) {
+    ^bb0(%one: !transform.any_op):
+      %for = transform.cast %one : !transform.any_op to !transform.op<"scf.for">
+      %main, %rest = transform.loop.peel %for
+        : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+    }
+    transform.yield
+  }
+
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %one = transform.param.constant 1 : i64 -> !transform.param<i64>
     %rank2 = transform.param.constant 2 : i64 -> !transform.param<i64>
     %rank3 = transform.param.constant 3 : i64 -> !transform.param<i64>
     %rank4 = transform.param.constant 4 : i64 -> !transform.param<i64>
@@ -96,14 +109,23 @@ module attributes {transform.with_named_sequence} {
             transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
             transform.match.structured.dim %s[0, 2] {parallel} : !transform.any_op
             transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+            %inits = transform.match.structured.num_inits %s
+              : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %inits, %one : !transform.param<i64>
             transform.match.structured.yield %s : !transform.any_op
           }
           %row, %l1 = transform.structured.tile_using_for %m tile_sizes [0, 1, 0]
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
           %chunk, %l2 = transform.structured.tile_using_for %row tile_sizes [0, 0, $width]
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-          transform.structured.vectorize %chunk vector_sizes [$rows, 1, $width]
-            : !transform.any_op
+          transform.annotate %chunk "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%l2) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [$rows, 1, $width] : !transform.any_op
+          }
         }
       }
       // Middle-dim reductions of 4-D ops ([p, r, p, p]: RMS norm's mean over channels).
@@ -128,8 +150,15 @@ module attributes {transform.with_named_sequence} {
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
           %chunk, %l3 = transform.structured.tile_using_for %row tile_sizes [0, 0, 0, $width]
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-          transform.structured.vectorize %chunk vector_sizes [$rows, 1, 1, $width]
-            : !transform.any_op
+          transform.annotate %chunk "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%l3) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [$rows, 1, 1, $width]
+              : !transform.any_op
+          }
         }
       }
       // Last-dim reductions: $wide partial results per row, combined after the loop.
@@ -152,7 +181,14 @@ module attributes {transform.with_named_sequence} {
               %m by tile_sizes = [0, $wide]
             : (!transform.any_op)
             -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-          transform.structured.vectorize %partial vector_sizes [$rows, $wide] : !transform.any_op
+          transform.annotate %partial "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%loop) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [$rows, $wide] : !transform.any_op
+          }
           transform.structured.vectorize %combine vector_sizes [$rows, $wide] : !transform.any_op
         }
       }
@@ -177,8 +213,15 @@ module attributes {transform.with_named_sequence} {
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
           %chunk, %l3 = transform.structured.tile_using_for %row tile_sizes [0, 0, 0, $width]
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-          transform.structured.vectorize %chunk vector_sizes [$rows, 1, 1, $width]
-            : !transform.any_op
+          transform.annotate %chunk "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%l3) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [$rows, 1, 1, $width]
+              : !transform.any_op
+          }
         }
       }
       %parallel3 = transform.structured.match ops{["linalg.generic"]} in %block
@@ -199,7 +242,14 @@ module attributes {transform.with_named_sequence} {
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
           %chunk, %l2 = transform.structured.tile_using_for %row tile_sizes [0, 0, $width]
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-          transform.structured.vectorize %chunk vector_sizes [$rows, 1, $width] : !transform.any_op
+          transform.annotate %chunk "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%l2) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [$rows, 1, $width] : !transform.any_op
+          }
         }
       }
       %parallel2 = transform.structured.match ops{["linalg.generic"]} in %block
@@ -218,7 +268,14 @@ module attributes {transform.with_named_sequence} {
           }
           %chunk, %loop = transform.structured.tile_using_for %m tile_sizes [0, $width]
             : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-          transform.structured.vectorize %chunk vector_sizes [$rows, $width] : !transform.any_op
+          transform.annotate %chunk "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%loop) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [$rows, $width] : !transform.any_op
+          }
         }
       }
     }
