@@ -145,6 +145,32 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return torch.sqrt(torch.sum(x * x, dim, keepdim))
 
 
+def cross_entropy(x, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """Cross entropy of [N, C] logits against N class indices as row reductions: log-sum-exp of
+    each row (its max, then the sum of exp(x - max)) minus the target's logit, then their mean
+    over the targets not ignored. torch's own computes and stores the whole log-softmax first.
+    Class weights, label smoothing and other shapes as they are."""
+    if (
+        weight is not None
+        or label_smoothing != 0.0
+        or x.dim() != 2
+        or target.dim() != 1
+        or target.is_floating_point()
+        or x.dtype not in _FLOATS
+    ):
+        return NotImplemented
+    top = torch.amax(x, 1, keepdim=True)
+    log_sum_exp = torch.log(torch.sum(torch.exp(x - top), 1)) + top.squeeze(1)
+    valid = target != ignore_index
+    picked = torch.gather(x, 1, torch.where(valid, target, 0).unsqueeze(1)).squeeze(1)
+    losses = torch.where(valid, log_sum_exp - picked, 0.0)
+    if reduction == 0:  # none
+        return losses
+    if reduction == 2:  # sum
+        return torch.sum(losses)
+    return torch.sum(losses) / torch.sum(valid)
+
+
 TABLE = {
     aten.cumsum.default: cumsum,
     aten.cumprod.default: cumprod,
@@ -153,4 +179,5 @@ TABLE = {
     aten.mean.default: mean_all,
     aten.mean.dim: mean,
     aten.linalg_vector_norm.default: vector_norm,
+    aten.cross_entropy_loss.default: cross_entropy,
 }
