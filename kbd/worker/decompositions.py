@@ -149,7 +149,9 @@ def cross_entropy(x, target, weight=None, reduction=1, ignore_index=-100, label_
     """Cross entropy of [N, C] logits against N class indices as row reductions: log-sum-exp of
     each row (its max, then the sum of exp(x - max)) minus the target's logit, then their mean
     over the targets not ignored. torch's own computes and stores the whole log-softmax first.
-    Class weights, label smoothing and other shapes as they are."""
+    Class weights, other shapes and types as torch decomposes them (not NotImplemented:
+    torch-mlir has no lowering of the op itself, and torch's own decomposition, `decompose()`,
+    would call this one again)."""
     if (
         weight is not None
         or label_smoothing != 0.0
@@ -158,7 +160,12 @@ def cross_entropy(x, target, weight=None, reduction=1, ignore_index=-100, label_
         or target.is_floating_point()
         or x.dtype not in _FLOATS
     ):
-        return NotImplemented
+        if label_smoothing != 0.0:
+            composite = torch._C.DispatchKey.CompositeImplicitAutograd
+            args = (x, target, weight, reduction, ignore_index, label_smoothing)
+            return aten.cross_entropy_loss.default._op_dk(composite, *args)
+        log_probabilities = torch.log_softmax(x, 0 if x.dim() == 1 else 1)
+        return aten.nll_loss_nd(log_probabilities, target, weight, reduction, ignore_index)
     top = torch.amax(x, 1, keepdim=True)
     log_sum_exp = torch.log(torch.sum(torch.exp(x - top), 1)) + top.squeeze(1)
     valid = target != ignore_index
