@@ -140,6 +140,21 @@ class HingeLoss(torch.nn.Module):
         return torch.mean(torch.clamp(1 - predictions * targets, min=0))
 
 
+class TripletMarginLoss(torch.nn.Module):
+    """Row distances (last-dim reductions), then the mean of a vector: a 1-D reduction that
+    must stay one sequential loop (tiled across threads it would race)."""
+
+    def forward(self, anchor, positive, negative):
+        return torch.nn.functional.triplet_margin_loss(anchor, positive, negative)
+
+
+class FourDimLoss(torch.nn.Module):
+    """A mean of a 4-D tensor past decompositions.BLOCK: row sums of its last dim first."""
+
+    def forward(self, x, y):
+        return torch.mean(torch.abs(x - y))
+
+
 class CrossEntropy(torch.nn.Module):
     """Cross entropy against fixed class targets (a buffer: every input of a case is a float)."""
 
@@ -351,7 +366,9 @@ CASES = {
         # a scalar from more than decompositions.BLOCK elements: row sums of the flattened
         # input in blocks of their own, then their sum
         (MseLoss, [(4, 20000), (4, 20000)]),
-        (FrobeniusNorm, [(3, 4, 100, 70)]),
+        (FrobeniusNorm, [(3, 4, 100, 70)]),  # rank-4 last-dim sums in blocks of their own
+        (FourDimLoss, [(2, 3, 120, 100), (2, 3, 120, 100)]),
+        (TripletMarginLoss, [(64, 300)] * 3),
         (CrossEntropy, [(6, 70)]),  # kbd's decomposition: row reductions, no log-softmax
         (functools.partial(CrossEntropy, ignore_index=3), [(6, 70)]),
     ],

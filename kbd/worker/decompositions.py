@@ -10,9 +10,10 @@ adds the elements into one f32 accumulator in sequence, whose error grows with t
 2^26 elements of U(0,1)^2 it is 18%, against 2e-8 for eager's cascade sum: the running sum
 outgrows the addends' precision). Reduced one dimension at a time, innermost first, and a
 dimension longer than `BLOCK` split into at most `BLOCK` blocks of at most `BLOCK` (each block
-summed, then the block sums), no sequential run is longer than `BLOCK` (2e-6 at 2^26). A sum of
-every element is one such dimension, the tensor flattened. The 2-norm (`torch.norm`,
-`linalg.vector_norm`) is the square root of such a sum of squares.
+summed, then the block sums), no sequential run is longer than `BLOCK` (2e-6 at 2^26). A sum
+of every element is not flattened first: a reshape between the sum and the element-wise ops it
+reads (a loss's squared differences) would keep them from fusing into it. The 2-norm
+(`torch.norm`, `linalg.vector_norm`) is the square root of such a sum of squares.
 """
 
 from __future__ import annotations
@@ -107,11 +108,6 @@ def _blocked_sum(x, dim, keepdim, dtype):
         return NotImplemented
     if len(dims) == 1 and block_length(count) is None:
         return NotImplemented  # no blocks that fit: one sequential reduction after all
-    if len(dims) == x.dim() > 1 and block_length(count) is not None:
-        # Every element: summed as one row, so the blocks are rows of the contiguous data
-        # (a rank-4 tensor is not four reductions, the first over its short last dim).
-        summed = _sum_dim(x.reshape(-1), 0)
-        return summed.reshape([1] * x.dim()) if keepdim else summed.reshape([])
     summed = x
     for d in reversed(dims):  # innermost first: the reshapes keep outer dims in place
         summed = _sum_dim(summed, d)

@@ -67,7 +67,8 @@ module attributes {transform.with_named_sequence} {
       }
     }
     transform.apply_cse to %fused : !transform.any_op
-    // 3. Last-dim reductions outside every block: blocks of their own.
+    // 3. Last-dim reductions outside every block (all other dims parallel): blocks of their
+    //    own, $rows rows of a rank-2 or rank-3 op, or of the second dim of a rank-4 one.
     %generics = transform.structured.match ops{["linalg.generic"]} in %fused
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics : !transform.any_op {
@@ -81,12 +82,36 @@ module attributes {transform.with_named_sequence} {
             : (!transform.any_op) -> !transform.any_op {
         ^bb2(%s: !transform.any_op):
           %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
-            transform.match.param.cmpi eq %rank, %rank2 : !transform.param<i64>
+          transform.match.param.cmpi ge %rank, %rank2 : !transform.param<i64>
+          transform.match.param.cmpi le %rank, %rank3 : !transform.param<i64>
           transform.match.structured.dim %s[0] {parallel} : !transform.any_op
-          transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+          transform.match.structured.dim %s[-1] {reduction} : !transform.any_op
+          transform.match.structured.dim %s[except(-1)] {parallel} : !transform.any_op
           transform.match.structured.yield %s : !transform.any_op
         }
         %block, %forall = transform.structured.tile_using_forall %rows tile_sizes [$rows]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      }
+    }
+    %generics4 = transform.structured.match ops{["linalg.generic"]} in %fused
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %generics4 : !transform.any_op {
+    ^bb0(%op: !transform.any_op):
+      transform.sequence %op : !transform.any_op failures(suppress) {
+      ^bb1(%candidate: !transform.any_op):
+        %parent = transform.get_parent_op %candidate {op_name = "scf.forall", allow_empty_results}
+          : (!transform.any_op) -> !transform.any_op
+        transform.match.operation_empty %parent : !transform.any_op
+        %rows = transform.match.structured failures(propagate) %candidate
+            : (!transform.any_op) -> !transform.any_op {
+        ^bb2(%s: !transform.any_op):
+          %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+          transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
+          transform.match.structured.dim %s[-1] {reduction} : !transform.any_op
+          transform.match.structured.dim %s[except(-1)] {parallel} : !transform.any_op
+          transform.match.structured.yield %s : !transform.any_op
+        }
+        %block, %forall = transform.structured.tile_using_forall %rows tile_sizes [1, $rows]
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
       }
     }
@@ -142,6 +167,9 @@ module attributes {transform.with_named_sequence} {
             transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
             transform.match.structured.dim %s[0, 2, 3] {parallel} : !transform.any_op
             transform.match.structured.dim %s[1] {reduction} : !transform.any_op
+            %inits = transform.match.structured.num_inits %s
+              : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %inits, %one : !transform.param<i64>
             transform.match.structured.yield %s : !transform.any_op
           }
           %plane, %l1 = transform.structured.tile_using_for %m tile_sizes [0, 1, 0, 0]
@@ -190,6 +218,73 @@ module attributes {transform.with_named_sequence} {
             transform.structured.vectorize %c vector_sizes [$rows, $wide] : !transform.any_op
           }
           transform.structured.vectorize %combine vector_sizes [$rows, $wide] : !transform.any_op
+        }
+      }
+      // Last-dim reductions of rank 3 and 4: one row at a time, $wide partial results.
+      %last3 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %last3 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
+            transform.match.structured.dim %s[-1] {reduction} : !transform.any_op
+            transform.match.structured.dim %s[except(-1)] {parallel} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %row, %l1, %l2 = transform.structured.tile_using_for %m tile_sizes [1, 1, 0]
+            : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+          %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for
+              %row by tile_sizes = [0, 0, $wide]
+            : (!transform.any_op)
+            -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+          transform.annotate %partial "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%loop) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [1, 1, $wide] : !transform.any_op
+          }
+          transform.structured.vectorize %combine vector_sizes [1, 1, $wide] : !transform.any_op
+        }
+      }
+      %last4 = transform.structured.match ops{["linalg.generic"]} in %block
+        : (!transform.any_op) -> !transform.any_op
+      transform.foreach %last4 : !transform.any_op {
+      ^bb0(%op: !transform.any_op):
+        transform.sequence %op : !transform.any_op failures(suppress) {
+        ^bb1(%candidate: !transform.any_op):
+          %m = transform.match.structured failures(propagate) %candidate
+              : (!transform.any_op) -> !transform.any_op {
+          ^bb2(%s: !transform.any_op):
+            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
+            transform.match.structured.dim %s[-1] {reduction} : !transform.any_op
+            transform.match.structured.dim %s[except(-1)] {parallel} : !transform.any_op
+            transform.match.structured.yield %s : !transform.any_op
+          }
+          %row, %l1, %l2, %l3 = transform.structured.tile_using_for %m tile_sizes [1, 1, 1, 0]
+            : (!transform.any_op)
+            -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+          %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for
+              %row by tile_sizes = [0, 0, 0, $wide]
+            : (!transform.any_op)
+            -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+          transform.annotate %partial "kbd.chunk" : !transform.any_op
+          transform.include @peel failures(propagate) (%loop) : (!transform.any_op) -> ()
+          %chunks = transform.structured.match ops{["linalg.generic"]} attributes{kbd.chunk}
+            in %block : (!transform.any_op) -> !transform.any_op
+          transform.foreach %chunks : !transform.any_op {
+          ^bb3(%c: !transform.any_op):
+            transform.structured.vectorize %c vector_sizes [1, 1, 1, $wide] : !transform.any_op
+          }
+          transform.structured.vectorize %combine vector_sizes [1, 1, 1, $wide]
+            : !transform.any_op
         }
       }
       // All-parallel ops: $width-wide chunks of the last dim, one row of each outer dim at a time.
