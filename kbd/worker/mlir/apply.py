@@ -31,6 +31,7 @@ REWRITES = {
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,
     "kbd-flatten-whole-tensor-transfers": rewrites.flatten_whole_tensor_transfers,
     "kbd-polynomial-exp": rewrites.polynomial_exp,
+    "kbd-polynomial-log": rewrites.polynomial_log,
     "kbd-openmp-guided-schedule": rewrites.openmp_guided_schedule,
     "kbd-dealloc-after-last-use": rewrites.deallocs_after_last_use,
     "kbd-hoist-allocas": rewrites.hoist_allocas,

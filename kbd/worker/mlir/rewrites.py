@@ -74,6 +74,79 @@ def _expand_exp(op) -> None:
     op.erase()
 
 
+# Cephes' logf: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log(x) = e ln 2 + log(m), log(m)
+# from a degree-9 polynomial in m - 1 (ln 2 in two parts): within a few ulp for normal and
+# subnormal x; -inf at 0, NaN below 0 and for NaN, +inf at +inf.
+_SQRT_HALF = 0.707106781186547524
+_LOG_POLYNOMIAL = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
+                   1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
+                   3.3333331174e-1)  # fmt: skip
+_SMALLEST_NORMAL = 1.17549435e-38
+
+
+def polynomial_log(module: ir.Module) -> int:
+    """Replace each `math.log` of an f32 vector by a polynomial in vector arithmetic (the
+    `kbd-polynomial-log` stage); returns how many were replaced."""
+    with module.context, ir.Location.unknown():
+        found = [
+            op
+            for op in ops_named(module, "math.log")
+            if isinstance(op.operands[0].type, ir.VectorType)
+            and isinstance(op.operands[0].type.element_type, ir.F32Type)
+        ]
+        for op in found:
+            _expand_log(op)
+    return len(found)
+
+
+def _expand_log(op) -> None:
+    given = op.operands[0]
+    floats = ir.VectorType(given.type)
+    i32 = ir.IntegerType.get_signless(32)
+    ints = ir.VectorType.get(floats.shape, i32)
+    with ir.InsertionPoint(op), op.location:
+
+        def const(value: float):
+            attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
+            return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+
+        def iconst(value: int):
+            attribute = ir.IntegerAttr.get(i32, value)
+            return arith.constant(ints, ir.DenseElementsAttr.get_splat(ints, attribute))
+
+        # Subnormals scaled into the normal range first (their exponent field is 0).
+        subnormal = arith.cmpf(arith.CmpFPredicate.OLT, given, const(_SMALLEST_NORMAL))
+        x = arith.select(subnormal, arith.mulf(given, const(2.0**23)), given)
+        offset = arith.select(subnormal, const(-23.0), const(0.0))
+        bits = arith.bitcast(ints, x)
+        exponent = arith.subi(arith.shrui(bits, iconst(23)), iconst(126))
+        e = arith.addf(arith.sitofp(floats, exponent), offset)
+        # The mantissa with exponent field 126: m in [0.5, 1).
+        m = arith.bitcast(
+            floats, arith.ori(arith.andi(bits, iconst(0x007FFFFF)), iconst(0x3F000000))
+        )
+        low = arith.cmpf(arith.CmpFPredicate.OLT, m, const(_SQRT_HALF))
+        e = arith.select(low, arith.subf(e, const(1.0)), e)
+        m = arith.subf(arith.select(low, arith.addf(m, m), m), const(1.0))
+        z = arith.mulf(m, m)
+        p = const(_LOG_POLYNOMIAL[0])
+        for coefficient in _LOG_POLYNOMIAL[1:]:
+            p = math_dialect.fma(p, m, const(coefficient))
+        y = arith.mulf(arith.mulf(p, z), m)
+        y = math_dialect.fma(e, const(_LN2_PARTS[1]), y)
+        y = math_dialect.fma(z, const(-0.5), y)
+        result = math_dialect.fma(e, const(_LN2_PARTS[0]), arith.addf(m, y))
+        # Ends: log(0) = -inf, log(+inf) = +inf, NaN below 0 and for NaN (unordered compare).
+        zero = arith.cmpf(arith.CmpFPredicate.OEQ, given, const(0.0))
+        infinite = arith.cmpf(arith.CmpFPredicate.OEQ, given, const(float("inf")))
+        invalid = arith.cmpf(arith.CmpFPredicate.ULT, given, const(0.0))
+        result = arith.select(infinite, given, result)
+        result = arith.select(zero, const(float("-inf")), result)
+        result = arith.select(invalid, const(float("nan")), result)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
 def openmp_guided_schedule(module: ir.Module) -> int:
     """Give each `omp.wsloop` a guided schedule (the `kbd-openmp-guided-schedule` stage;
     `convert-scf-to-openmp` has no option for it); returns how many loops it changed.
