@@ -225,20 +225,21 @@ def test_mem_limit_below_a_workers_base_need_is_a_usage_error(tmp_path):
 def test_a_levels_entry_naming_no_family_gets_its_family_at_run_time(tmp_path):
     """The fixture levels file names no family: each worker finds its kernel's family in the
     exported graph and runs that family's schedule; the record says so, and says why when the
-    scalar pipeline stays (a family without a schedule here, or no family)."""
-    selection = ["level1/1_", "level1/3_", "level1/5_", "--json", "--feature", "avx512f"]
+    scalar pipeline stays (a cumsum: no family, or one without a schedule here)."""
+    selection = ["level1/1_", "level1/3_", "level1/5_", "level1/6_", "--json"]
+    selection += ["--feature", "avx512f"]
     result = kbd("run", *fixture_args(*selection, "--target", "x86_64"), cwd=tmp_path)
     records = json_records(result.stdout)
     assert {r["outcome"] for r in records.values()} == {"pass"}, result.stderr
     assert records["level1/1_matmul"]["pipeline"] == (
         "x86_64/avx512f/matmul/f32.yaml (matmul, family found at run time)"
     )
-    assert records["level1/3_sum_reduction"]["pipeline"] == (
-        "scalar-lowering.yaml (no schedule for reduction, the family found at run time)"
-    )
-    assert records["level1/5_cross_entropy"]["pipeline"] == (
-        "scalar-lowering.yaml (no family found at run time)"
-    )
+    for kernel in ["level1/3_sum_reduction", "level1/5_cross_entropy"]:  # a loss is a reduction
+        assert records[kernel]["pipeline"] == (
+            "x86_64/reduction/f32.yaml (reduction, family found at run time)"
+        )
+    scalar = records["level1/6_cumsum"]["pipeline"]
+    assert scalar.startswith("scalar-lowering.yaml (") and scalar.endswith("found at run time)")
     # a smoke test runs the scalar pipeline and looks for no family
     smoke = kbd("sweep", "--smoke-test", *fixture_args(*selection), cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stderr

@@ -30,7 +30,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "reduction": ("sum", "mean", "amax", "amin", "max", "min", "prod", "argmax", "argmin",
                   "linalg_vector_norm", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
                   "kl_div", "cross_entropy_loss", "nll_loss", "triplet_margin_loss",
-                  "var", "std", "norm", "cumsum", "cumprod", "logsumexp"),
+                  "var", "std", "norm", "logsumexp"),
 }  # fmt: skip
 # Families whose ops are weighed by their FLOPs to find the dominant one.
 HEAVY = ("conv3d", "conv2d", "batch_matmul", "matmul", "matvec")
