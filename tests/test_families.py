@@ -110,3 +110,13 @@ def test_meta_tensors_are_enough():
     with torch.device("meta"):
         model, x = ConvThenLinear(4).eval(), torch.randn(1, 3, 8, 8)
     assert families.family_of(model, [x]) == "conv2d"
+
+
+class MaskedCumsum(torch.nn.Module):
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=1)
+
+
+def test_scans_are_their_own_family():
+    args = [torch.randn(4, 8), torch.rand(4, 8) < 0.5]
+    assert families.family_of(MaskedCumsum(), args) == "scan"

@@ -103,6 +103,22 @@ class MeanMiddle(torch.nn.Module):
         return torch.mean(x, dim=1)
 
 
+class Cumsum(torch.nn.Module):
+    def __init__(self, dim=1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.cumsum(x, dim=self.dim)
+
+
+class ReverseCumprod(torch.nn.Module):
+    """A reversed cumulative product over the last dim (flips around the scan)."""
+
+    def forward(self, x):
+        return torch.cumprod(x.flip(-1), dim=-1).flip(-1)
+
+
 class Mv(torch.nn.Module):
     def forward(self, a, x):
         return torch.mv(a, x)
@@ -225,6 +241,12 @@ CASES = {
         (Chain, [(3, 5, 7)]),
         (BiasChain, [(6, 10), (10,)]),
         (Cube, [(4, 40)]),
+    ],
+    "scan": [
+        (Cumsum, [(5, 70)]),  # along the innermost dim: 4 chunks of 16 lanes and a partial one
+        (Cumsum, [(2, 9, 33)]),  # along a middle dim: rows of 33
+        (functools.partial(Cumsum, 0), [(40,)]),
+        (ReverseCumprod, [(3, 4, 20)]),
     ],
     "matvec": [
         (Matmul, [(64, 256), (256, 1)]),

@@ -1,9 +1,8 @@
 """Decompositions applied at import, for ops torch-mlir lowers to ops nothing here can compile.
 
-torch-mlir turns `aten.cumsum` / `aten.cumprod` into `tm_tensor.scan`, which the upstream
-bufferization cannot handle ("op was not bufferized"). Expressed as a log-step (Hillis-Steele)
-scan of shifted adds, they become plain linalg: log2(n) elementwise steps instead of one
-sequential loop. The summation order differs from eager's, well within the check's tolerance.
+torch-mlir turns `aten.cumsum` / `aten.cumprod` into `tm_tensor.scan` (which
+kbd.worker.mlir.scans turns into loops after import), accumulating in the input's type: integer
+and bool inputs are first converted to int64 (or the `dtype` asked for), as eager does.
 
 Floating-point `sum` and `mean` over many elements are summed in blocks: the linalg lowering
 adds the elements into one f32 accumulator in sequence, whose error grows with the count (at
@@ -22,36 +21,23 @@ import torch
 aten = torch.ops.aten
 
 
-def _scan(x: torch.Tensor, dim: int, combine, identity: float) -> torch.Tensor:
-    if x.dim() == 0:
-        return x.clone()
-    dim = dim % x.dim()
-    n = x.shape[dim]
-    step = 1
-    while step < n:
-        pad_shape = list(x.shape)
-        pad_shape[dim] = step
-        pad = torch.full(pad_shape, identity, dtype=x.dtype, device=x.device)
-        shifted = torch.cat([pad, x.narrow(dim, 0, n - step)], dim)
-        x = combine(x, shifted)
-        step *= 2
-    return x
-
-
 def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.is_floating_point():
-        x = x.to(torch.int64)  # like eager: integer and bool sums accumulate in int64
-    return _scan(x, dim, torch.add, 0)
+    return _scan_in(aten.cumsum.default, x, dim, dtype)
 
 
 def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.is_floating_point():
-        x = x.to(torch.int64)
-    return _scan(x, dim, torch.mul, 1)
+    return _scan_in(aten.cumprod.default, x, dim, dtype)
+
+
+def _scan_in(op, x: torch.Tensor, dim: int, dtype: torch.dtype | None):
+    """The scan of x in the type eager computes it in (`dtype`, else int64 for integers and
+    bools), or NotImplemented when x already has it (torch-mlir then makes the scan)."""
+    target = dtype or (x.dtype if x.is_floating_point() else torch.int64)
+    if x.dim() == 0:
+        return x.to(target).clone()
+    if target == x.dtype and dtype is None:
+        return NotImplemented
+    return op(x.to(target), dim)
 
 
 BLOCK = 1 << 16  # the longest run of elements summed into one f32 accumulator

@@ -27,8 +27,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "matvec": ("mv", "addmv"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax"),
     "norm": ("layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"),
+    "scan": ("cumsum", "cumprod"),
     "reduction": ("sum", "mean", "amax", "amin", "max", "min", "prod", "argmax", "argmin",
-                  "var", "std", "norm", "cumsum", "cumprod", "logsumexp"),
+                  "var", "std", "norm", "logsumexp"),
 }  # fmt: skip
 # Families whose ops are weighed by their FLOPs to find the dominant one.
 HEAVY = ("conv3d", "conv2d", "batch_matmul", "matmul", "matvec")
