@@ -120,3 +120,13 @@ class MaskedCumsum(torch.nn.Module):
 def test_scans_are_their_own_family():
     args = [torch.randn(4, 8), torch.rand(4, 8) < 0.5]
     assert families.family_of(MaskedCumsum(), args) == "scan"
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_attention_is_a_batched_product():
+    args = [torch.randn(2, 3, 8, 16) for _ in range(3)]
+    assert families.family_of(Attention(), args) == "batch_matmul"

@@ -103,6 +103,11 @@ class MeanMiddle(torch.nn.Module):
         return torch.mean(x, dim=1)
 
 
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
 class Cumsum(torch.nn.Module):
     def __init__(self, dim=1):
         super().__init__()
@@ -235,7 +240,11 @@ CASES = {
         (LinearRelu, [(130, 40), (24, 40), (24,)]),  # too many rows to fold: matmul.mlir
         (TensorMatrixEinsum, [(2, 3, 5, 24), (24, 40)]),  # kbd-unit-dims-as-reshapes first
     ],
-    "batch_matmul": [(Bmm, [(2, 64, 32), (2, 32, 64)]), (Bmm, [(3, 20, 24), (3, 24, 37)])],
+    "batch_matmul": [
+        (Bmm, [(2, 64, 32), (2, 32, 64)]),
+        (Bmm, [(3, 20, 24), (3, 24, 37)]),
+        (Attention, [(2, 3, 20, 40), (2, 3, 24, 40), (2, 3, 24, 33)]),  # partial tiles everywhere
+    ],
     "element_wise": [
         (Chain, [(8, 64)]),
         (Chain, [(3, 5, 7)]),
@@ -621,6 +630,28 @@ def test_a_depthwise_convolution_becomes_a_vectorized_sum_over_its_taps():
             break
     else:
         raise AssertionError("the conv2d schedule has no depthwise.mlir stage")
+
+
+def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():
+    """kbd's decomposition writes attention's scores as a product with a transposed K;
+    kbd-fold-transpose-into-batch-matmul folds that transpose into the product's maps, and
+    batch-matmul-transposed-b.mlir vectorizes it along K, batch-matmul.mlir the product with V:
+    no transpose and no linalg.batch_matmul left."""
+    path = SCHEDULES / "x86_64" / "batch_matmul" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(Attention(), [torch.randn(2, 3, 8, 16) for _ in range(3)])
+    assert "linalg.transpose" in str(module)
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-fold-transpose-into-batch-matmul":
+            assert "linalg.transpose" not in text
+            assert "affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>" in text  # K[b, n, k]
+        if stage.name == "batch-matmul.mlir":
+            assert "linalg.batch_matmul" not in text and "vector.reduction" in text
+            break
+    else:
+        raise AssertionError("the batch_matmul schedule has no batch-matmul.mlir stage")
 
 
 def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(family_run):

@@ -116,7 +116,40 @@ def mean_all(x, *, dtype=None):
     return mean(x, None, False, dtype=dtype)
 
 
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    *,
+    scale=None,
+    enable_gqa=False,
+):
+    """Attention as two batched products around a softmax, the scale applied to the scores:
+    softmax(Q K^T * scale) V, with K^T a transpose of the last two dims of K on the product's
+    operand, which kbd-fold-transpose-into-batch-matmul folds into the product's maps (K is
+    then read as stored). torch-mlir's own decomposition scales Q and a transposed copy of K
+    instead, and the copy costs more than the product. Masks, dropout, causal attention and
+    grouped heads are left to it (NotImplemented)."""
+    if attn_mask is not None or dropout_p != 0.0 or is_causal or enable_gqa:
+        return NotImplemented
+    if query.dim() < 3 or query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
+        return NotImplemented
+    batch = query.shape[:-2]
+    length, source, depth = query.shape[-2], key.shape[-2], query.shape[-1]
+    q = query.reshape(-1, length, depth)
+    k = key.reshape(-1, source, depth)
+    v = value.reshape(-1, source, value.shape[-1])
+    factor = scale if scale is not None else 1.0 / math.sqrt(depth)
+    scores = torch.bmm(q, k.transpose(1, 2)) * factor
+    weights = torch.softmax(scores, dim=-1)
+    return torch.bmm(weights, v).reshape(*batch, length, value.shape[-1])
+
+
 TABLE = {
+    aten.scaled_dot_product_attention.default: scaled_dot_product_attention,
     aten.cumsum.default: cumsum,
     aten.cumprod.default: cumprod,
     aten.sum.default: sum_all,

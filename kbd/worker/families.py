@@ -6,8 +6,9 @@ The graph is `torch.export`'s ATen graph before decompositions, so `linear`, `co
 matrix products, HEAVY) doing the most FLOPs, counted from the shapes recorded on the graph's
 nodes; without heavy ops, the first of the other FAMILIES present. Products are told apart by
 their operands: both batched is `batch_matmul`, a vector operand or a single output column is
-`matvec`. A graph of nothing but element-wise ops is `element_wise`; one with an op no family
-claims and no heavy op has no family (None).
+`matvec`; attention (`scaled_dot_product_attention`) is `batch_matmul`. A graph of nothing
+but element-wise ops is `element_wise`; one with an op no family claims and no heavy op has no
+family (None).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 FAMILIES: dict[str, tuple[str, ...]] = {
     "conv3d": ("conv3d", "conv_transpose3d"),
     "conv2d": ("conv2d", "conv_transpose2d", "conv1d", "conv_transpose1d", "convolution"),
-    "batch_matmul": ("bmm", "baddbmm"),
+    "batch_matmul": ("bmm", "baddbmm", "scaled_dot_product_attention"),
     "matmul": ("mm", "addmm", "linear", "matmul", "einsum"),
     "matvec": ("mv", "addmv"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax"),
@@ -124,6 +125,9 @@ def _flops(op: _Op) -> int:
         if "transpose" in name or transposed:
             return 2 * math.prod(data) * math.prod(weight[1:])  # every input scatters a kernel
         return 2 * math.prod(out) * math.prod(weight[1:])
+    if name == "scaled_dot_product_attention" and len(tensors) >= 3:
+        query, key, value = tensors[:3]  # softmax(Q K^T) V: two products per head
+        return 2 * math.prod(query[:-1]) * key[-2] * (query[-1] + value[-1])
     operand = (
         tensors[1] if name in ("addmm", "baddbmm", "addmv") and len(tensors) > 1 else tensors[0]
     )

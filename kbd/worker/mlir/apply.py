@@ -21,6 +21,7 @@ TRANSFORM_ENTRY = "__transform_main"
 # kbd's own rewrites, by the name a `pass:` stage gives them (not MLIR passes).
 REWRITES = {
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
+    "kbd-fold-transpose-into-batch-matmul": rewrites.fold_transpose_into_batch_matmul,
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
     "kbd-strided-convs-as-phases": strided_conv.strided_convs_as_phases,
     "kbd-depthwise-convs-as-taps": depthwise.depthwise_convs_as_taps,

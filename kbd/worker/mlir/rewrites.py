@@ -227,9 +227,17 @@ FOLD_TRANSPOSE_MAX_ROWS = 128
 
 def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
     """Indexing maps over (m, n, k) of C[m, n] += A[m, k] * B[b_dims]."""
+    return _product_maps(b_dims, batched=False)
+
+
+def _product_maps(b_dims: tuple[int, int], *, batched: bool) -> list[ir.AffineMap]:
+    """Indexing maps over ([batch,] m, n, k) of C[m, n] += A[m, k] * B[b_dims], each operand
+    led by the batch dim when `batched`."""
+    lead = (0,) if batched else ()
+    shift = len(lead)
     return [
-        ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(d) for d in dims])
-        for dims in ((0, 2), b_dims, (0, 1))
+        ir.AffineMap.get(3 + shift, 0, [ir.AffineDimExpr.get(d) for d in (*lead, *dims)])
+        for dims in ((shift, shift + 2), tuple(d + shift for d in b_dims), (shift, shift + 1))
     ]
 
 
@@ -243,29 +251,41 @@ def fold_transpose_into_matmul(module: ir.Module) -> int:
     tensor, then a matmul: for x of 8 rows and W of 8192 x 8192, a 256 MiB strided copy per
     call, slower than the product itself. The matmul schedules tell the folded matmul from the
     plain one by its maps."""
+    return _fold_transposes(module, "linalg.matmul", linalg.matmul, batched=False)
+
+
+def fold_transpose_into_batch_matmul(module: ir.Module) -> int:
+    """The same for `linalg.batch_matmul` whose B is a transpose of its last two dims,
+    `C[b, m, n] += A[b, m, k] * K[b, n, k]`, with at most `FOLD_TRANSPOSE_MAX_ROWS` rows per
+    matrix (the `kbd-fold-transpose-into-batch-matmul` stage): attention's scores Q K^T, which
+    kbd's decomposition writes as a product with a transposed K."""
+    return _fold_transposes(module, "linalg.batch_matmul", linalg.batch_matmul, batched=True)
+
+
+def _fold_transposes(module: ir.Module, name: str, build, *, batched: bool) -> int:
     changed = 0
+    swap = [0, 2, 1] if batched else [1, 0]
     with module.context, ir.Location.unknown():
-        plain = [ir.AffineMapAttr.get(m) for m in _matmul_maps((2, 1))]
-        for matmul in ops_named(module, "linalg.matmul"):
-            matmul = matmul.operation
-            a, b, c = matmul.operands
+        plain = [ir.AffineMapAttr.get(m) for m in _product_maps((2, 1), batched=batched)]
+        for product in ops_named(module, name):
+            product = product.operation
+            a, b, c = product.operands
             transpose = producer(b)
-            rows = ir.ShapedType(a.type).shape[0]
+            rows = ir.ShapedType(a.type).shape[-2]
             if (
                 transpose is None
                 or transpose.name != "linalg.transpose"
-                or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 0]
-                or list(ir.ArrayAttr(matmul.attributes["indexing_maps"])) != plain
+                or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != swap
+                or list(ir.ArrayAttr(product.attributes["indexing_maps"])) != plain
                 or ir.ShapedType.is_dynamic_size(rows)
                 or rows > FOLD_TRANSPOSE_MAX_ROWS
             ):
                 continue
-            with ir.InsertionPoint(matmul), matmul.location:
-                folded = linalg.matmul(
-                    a, transpose.operands[0], outs=[c], indexing_maps=_matmul_maps((1, 2))
-                )
-            matmul.results[0].replace_all_uses_with(folded)
-            matmul.erase()
+            maps = _product_maps((1, 2), batched=batched)
+            with ir.InsertionPoint(product), product.location:
+                folded = build(a, transpose.operands[0], outs=[c], indexing_maps=maps)
+            product.results[0].replace_all_uses_with(folded)
+            product.erase()
             changed += 1
             if not list(transpose.result.uses):
                 init = producer(transpose.operands[1])
