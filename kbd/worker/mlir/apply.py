@@ -31,9 +31,12 @@ REWRITES = {
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,
     "kbd-flatten-whole-tensor-transfers": rewrites.flatten_whole_tensor_transfers,
+    "kbd-polynomial-erf": rewrites.polynomial_erf,
     "kbd-polynomial-exp": rewrites.polynomial_exp,
+    "kbd-polynomial-log": rewrites.polynomial_log,
     "kbd-openmp-guided-schedule": rewrites.openmp_guided_schedule,
     "kbd-dealloc-after-last-use": rewrites.deallocs_after_last_use,
+    "kbd-outputs-in-place": rewrites.outputs_in_place,
     "kbd-hoist-allocas": rewrites.hoist_allocas,
 }
 

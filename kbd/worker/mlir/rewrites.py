@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor, vector
+from torch_mlir.dialects import arith, linalg, memref, tensor, vector
 from torch_mlir.dialects import math as math_dialect
 
 from kbd.worker.mlir.walk import ops_named, producer
@@ -74,6 +74,139 @@ def _expand_exp(op) -> None:
     op.erase()
 
 
+# erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a / 2), for a >= 0 (Numerical Recipes' erfcc:
+# relative error below 1.2e-7 everywhere), P's coefficients from the constant term up.
+_ERFC_POLYNOMIAL = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+                    -1.13520398, 1.48851587, -0.82215223, 0.17087277)  # fmt: skip
+
+
+def polynomial_erf(module: ir.Module) -> int:
+    """Replace each `math.erf` of an f32 vector by erf(x) = sign(x) (1 - erfc(|x|)), erfc a
+    polynomial times a vector `math.exp` (the `kbd-polynomial-erf` stage, before
+    `kbd-polynomial-exp`, which expands that exp); returns how many were replaced. Without it
+    each lane is a call of libm's erff (GELU)."""
+    with module.context, ir.Location.unknown():
+        found = [
+            op
+            for op in ops_named(module, "math.erf")
+            if isinstance(op.operands[0].type, ir.VectorType)
+            and isinstance(op.operands[0].type.element_type, ir.F32Type)
+        ]
+        for op in found:
+            x = op.operands[0]
+            floats = ir.VectorType(x.type)
+            with ir.InsertionPoint(op), op.location:
+
+                def const(value: float, floats=floats):
+                    attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
+                    return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+
+                a = math_dialect.absf(x)
+                t = arith.divf(const(1.0), math_dialect.fma(a, const(0.5), const(1.0)))
+                p = const(_ERFC_POLYNOMIAL[-1])
+                for coefficient in reversed(_ERFC_POLYNOMIAL[:-1]):
+                    p = math_dialect.fma(p, t, const(coefficient))
+                exponent = arith.subf(p, arith.mulf(a, a))
+                erfc = arith.mulf(t, math_dialect.exp(exponent))
+                result = math_dialect.copysign(arith.subf(const(1.0), erfc), x)
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+    return len(found)
+
+
+# log(1 + m) = m - m^2/2 + m^3 P(m) for m in [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes' logf, a few
+# ulp), P's coefficients from the highest power down.
+_LOG_POLYNOMIAL = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
+                   1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
+                   3.3333331174e-1)  # fmt: skip
+
+
+def polynomial_log(module: ir.Module) -> int:
+    """Replace each `math.log` of an f32 vector by log(2^e m) = e log 2 + log(m), m from the
+    bits of x in [sqrt(1/2), sqrt(2)) and log(m) a polynomial (the `kbd-polynomial-log`
+    stage); returns how many were replaced. 0 gives -inf, a negative x or NaN NaN, inf inf;
+    subnormal inputs are taken as their normal neighbours (off by their missing leading bits).
+    Without it each lane is a call of libm's logf (Softplus, KL divergence). A vector
+    `math.log1p` becomes such a log first, as log(u) (x / (u - 1)) with u = 1 + x (exact where u
+    rounds to 1), which keeps log1p's precision near 0."""
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, "math.log1p"):
+            if isinstance(op.operands[0].type, ir.VectorType) and isinstance(
+                op.operands[0].type.element_type, ir.F32Type
+            ):
+                _log1p_as_log(op)
+        found = [
+            op
+            for op in ops_named(module, "math.log")
+            if isinstance(op.operands[0].type, ir.VectorType)
+            and isinstance(op.operands[0].type.element_type, ir.F32Type)
+        ]
+        for op in found:
+            _expand_log(op)
+    return len(found)
+
+
+def _log1p_as_log(op) -> None:
+    x = op.operands[0]
+    floats = ir.VectorType(x.type)
+    with ir.InsertionPoint(op), op.location:
+
+        def const(value: float):
+            attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
+            return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+
+        u = arith.addf(const(1.0), x)
+        scaled = arith.mulf(math_dialect.log(u), arith.divf(x, arith.subf(u, const(1.0))))
+        exact = arith.cmpf(arith.CmpFPredicate.OEQ, u, const(1.0))
+        infinite = arith.cmpf(arith.CmpFPredicate.OEQ, u, const(float("inf")))
+        result = arith.select(exact, x, arith.select(infinite, u, scaled))
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _expand_log(op) -> None:
+    x = op.operands[0]
+    floats = ir.VectorType(x.type)
+    ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
+    i32 = ir.IntegerType.get_signless(32)
+    with ir.InsertionPoint(op), op.location:
+
+        def const(value: float):
+            attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
+            return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+
+        def integer(value: int):
+            attribute = ir.IntegerAttr.get(i32, value)
+            return arith.constant(ints, ir.DenseElementsAttr.get_splat(ints, attribute))
+
+        bits = arith.bitcast(ints, x)
+        # x = 2^e m with m in [1/2, 1): the exponent field, then the mantissa with exponent -1
+        e = arith.sitofp(floats, arith.subi(arith.shrui(bits, integer(23)), integer(126)))
+        m = arith.bitcast(
+            floats, arith.ori(arith.andi(bits, integer(0x007FFFFF)), integer(0x3F000000))
+        )
+        # m in [sqrt(1/2), sqrt(2)): below sqrt(1/2), double it and take one from e
+        low = arith.cmpf(arith.CmpFPredicate.OLT, m, const(0.707106781186547524))
+        e = arith.select(low, arith.subf(e, const(1.0)), e)
+        m = arith.subf(arith.select(low, arith.addf(m, m), m), const(1.0))
+        z = arith.mulf(m, m)
+        p = const(_LOG_POLYNOMIAL[0])
+        for coefficient in _LOG_POLYNOMIAL[1:]:
+            p = math_dialect.fma(p, m, const(coefficient))
+        y = arith.mulf(arith.mulf(p, m), z)
+        y = math_dialect.fma(e, const(_LN2_PARTS[1]), y)
+        y = math_dialect.fma(z, const(-0.5), y)
+        result = math_dialect.fma(e, const(_LN2_PARTS[0]), arith.addf(m, y))
+        zero = arith.cmpf(arith.CmpFPredicate.OEQ, x, const(0.0))
+        invalid = arith.cmpf(arith.CmpFPredicate.ULT, x, const(0.0))  # negative, or NaN
+        infinite = arith.cmpf(arith.CmpFPredicate.OEQ, x, const(float("inf")))
+        result = arith.select(infinite, const(float("inf")), result)
+        result = arith.select(zero, const(-float("inf")), result)
+        result = arith.select(invalid, const(float("nan")), result)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
 def openmp_guided_schedule(module: ir.Module) -> int:
     """Give each `omp.wsloop` a guided schedule (the `kbd-openmp-guided-schedule` stage;
     `convert-scf-to-openmp` has no option for it); returns how many loops it changed.
@@ -110,15 +243,15 @@ _ESCAPES = frozenset({
 _MEMREF_TYPES = (ir.MemRefType, ir.UnrankedMemRefType)
 
 
-def _buffer_users(buffer: ir.Value, ignore: ir.Operation | None = None) -> list | None:
-    """The ops that use `buffer` or a view of it (views excluded), or None when an alias may
-    escape: yielded or returned (a terminator), passed to a call or a free, turned into an
-    address, or a result of an op that is not a known view."""
+def _buffer_users(buffer: ir.Value, ignore: tuple = ()) -> list | None:
+    """The ops that use `buffer` or a view of it (views and the ops in `ignore` excluded), or
+    None when an alias may escape: yielded or returned (a terminator), passed to a call or a
+    free, turned into an address, or a result of an op that is not a known view."""
     users, pending = [], [buffer]
     while pending:
         for use in pending.pop().uses:
             op = use.owner.operation
-            if ignore is not None and op == ignore:
+            if op in ignore:
                 continue
             if op.name in _VIEWS:
                 pending.extend(r for r in op.results if isinstance(r.type, ir.MemRefType))
@@ -159,7 +292,7 @@ def deallocs_after_last_use(module: ir.Module) -> int:
         block = dealloc.block
         if alloc.name != "memref.alloc" or alloc.block != block:
             continue
-        users = _buffer_users(buffer, ignore=dealloc)
+        users = _buffer_users(buffer, ignore=(dealloc,))
         if users is None:
             continue
         last = alloc
@@ -174,6 +307,87 @@ def deallocs_after_last_use(module: ir.Module) -> int:
                 dealloc.move_after(last)
                 moved += 1
     return moved
+
+
+def outputs_in_place(module: ir.Module) -> int:
+    """Compute a result in its out-param instead of copying it there (the
+    `kbd-outputs-in-place` stage); returns how many copies went.
+
+    A result computed through a reshape of its buffer (an element-wise chain flattened to 1-D,
+    a scan's or a product's view) does not bufferize in place: the function allocates a buffer,
+    computes into it, copies it whole into the out-param and frees it, an extra pass over the
+    output. When the out-param is used by that copy only, and the buffer (an `memref.alloc` in
+    the same block, reached from the copy's source through `memref.expand_shape` and
+    `collapse_shape` views) is used by nothing after the copy, the buffer becomes the
+    out-param seen through the inverse reshapes."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for copy in [op.operation for op in ops_named(module, "memref.copy")]:
+            source, target = copy.operands
+            views, alloc = _reshapes_from(source, copy.block)
+            if (
+                not isinstance(target, ir.BlockArgument)
+                or target.owner != copy.block
+                or len(list(target.uses)) != 1
+                or alloc is None
+                or not _identity_layout(target.type)
+            ):
+                continue
+            deallocs = [
+                use.owner.operation
+                for use in alloc.results[0].uses
+                if use.owner.operation.name == "memref.dealloc"
+            ]
+            users = _buffer_users(alloc.results[0], ignore=(copy, *deallocs))
+            if users is None or any(
+                not _ancestor_in(user, copy.block).is_before_in_block(copy) for user in users
+            ):
+                continue
+            with ir.InsertionPoint(alloc), alloc.location:
+                value = target
+                for view in views:  # from the copy's source back to the buffer: undo each
+                    value = _inverse_reshape(view, value)
+            alloc.results[0].replace_all_uses_with(value)
+            for dealloc in deallocs:
+                dealloc.erase()
+            copy.erase()
+            alloc.erase()
+            changed += 1
+    return changed
+
+
+def _reshapes_from(value: ir.Value, block: ir.Block) -> tuple[list, ir.Operation | None]:
+    """The `expand_shape`/`collapse_shape` views from `value` back to the `memref.alloc` (of
+    static shape, in `block`) they view, and that alloc; (.., None) when there is none."""
+    views = []
+    op = producer(value)
+    while op is not None and op.name in ("memref.expand_shape", "memref.collapse_shape"):
+        views.append(op)
+        op = producer(op.operands[0])
+    if op is None or op.name != "memref.alloc" or op.block != block or list(op.operands):
+        return views, None
+    return views, op
+
+
+def _identity_layout(kind) -> bool:
+    """A static memref type laid out row-major without offset."""
+    buffer = ir.MemRefType(kind)
+    layout = buffer.layout
+    if not buffer.has_static_shape or not isinstance(layout, ir.AffineMapAttr):
+        return False
+    layout_map = ir.AffineMapAttr(layout).value
+    return layout_map == ir.AffineMap.get_identity(layout_map.n_dims)
+
+
+def _inverse_reshape(view: ir.Operation, value: ir.Value) -> ir.Value:
+    """`value` (of `view`'s result type) reshaped back into `view`'s operand type."""
+    source_type = ir.MemRefType(view.operands[0].type)
+    reassociation = view.attributes["reassociation"]
+    if view.name == "memref.collapse_shape":
+        return memref.ExpandShapeOp(
+            source_type, value, reassociation, [], list(source_type.shape)
+        ).result
+    return memref.CollapseShapeOp(source_type, value, reassociation).result
 
 
 # Loops, ops that run a region at most once, and the ops that bound an alloca's lifetime (the
