@@ -27,7 +27,7 @@ from torch_mlir.dialects import arith, linalg, tensor
 from kbd.worker.mlir.walk import extract, insert, int_array, producer
 
 MARKER = "kbd.pooling"
-RANKS = (4, 5)  # what pooling.mlir tiles: 1-D and 2-D pooling as NCHW, 3-D as NCDHW
+RANKS = (3, 4, 5)  # what pooling.mlir tiles: NCW, NCHW and NCDHW
 # The reduction of each pooling kind, and the padding value it ignores.
 IDENTITY = {"arith.maximumf": -math.inf, "arith.addf": 0.0}
 _KINDS = {"max": "arith.maximumf", "sum": "arith.addf"}
@@ -152,7 +152,7 @@ def _pooling(op) -> Pooling | None:
         return None
     combine, source, windows, init = found
     fill = producer(init)
-    if fill is None or fill.name != "linalg.fill" or len(windows) not in RANKS:
+    if fill is None or fill.name != "linalg.fill":
         return None
     types = [ir.RankedTensorType(v.type) for v in (*op.operands, *op.results)]
     if not all(t.has_static_shape for t in types):
@@ -164,7 +164,9 @@ def _pooling(op) -> Pooling | None:
     # Dim t of `data` (and of the result) is dim order.index(t) of the pooling op.
     windows = [windows[order.index(t)]._replace(pad=pads[t]) for t in range(len(order))]
     result, epilogue = _epilogue(result)
-    return Pooling(combine, data, windows, fill.operands[0], result, epilogue)
+    pooling = Pooling(combine, data, windows, fill.operands[0], result, epilogue)
+    pooling = _without_unit_dims(pooling)
+    return pooling if len(pooling.windows) in RANKS else None
 
 
 def _named(op) -> tuple[str, ir.Value, list[Window], ir.Value] | None:
@@ -339,6 +341,47 @@ def _epilogue(result: ir.Value) -> tuple[ir.Value, tuple[str, ir.Value] | None]:
     ):
         return result, None
     return user.results[0], (body[0].name, body[0].operands[1])
+
+
+def _without_unit_dims(pooling: Pooling) -> Pooling:
+    """The pooling without the unit dims an expand_shape added to its input and a
+    collapse_shape drops from its result (torch-mlir's 1-D pooling as a 2-D one of height 1),
+    else as it is: the result is then written in place, not copied out of the taller one."""
+    expand = producer(pooling.data)
+    users = [use.owner for use in pooling.result.uses]
+    if (
+        expand is None
+        or expand.name != "tensor.expand_shape"
+        or len(users) != 1
+        or users[0].name != "tensor.collapse_shape"
+    ):
+        return pooling
+    dropped = _unit_dims(expand, ir.RankedTensorType(pooling.data.type).shape)
+    if (
+        dropped is None
+        or dropped != _unit_dims(users[0], ir.RankedTensorType(pooling.result.type).shape)
+        or any(pooling.windows[d] != Window(1, 1, 1) for d in dropped)
+    ):
+        return pooling
+    return pooling._replace(
+        data=expand.operands[0],
+        windows=[w for d, w in enumerate(pooling.windows) if d not in dropped],
+        result=users[0].results[0],
+    )
+
+
+def _unit_dims(reshape, shape: list[int]) -> set[int] | None:
+    """The dims of `shape` an expand_shape adds or a collapse_shape drops: the unit dims of
+    each reassociation group but one (its one dim that is not a unit, else its last); None
+    when it merges or splits dims that are not units."""
+    dropped = set()
+    for group in ir.ArrayAttr(reshape.attributes["reassociation"]):
+        group = [ir.IntegerAttr(d).value for d in ir.ArrayAttr(group)]
+        wide = [d for d in group if shape[d] != 1] or group[-1:]
+        if len(wide) > 1:
+            return None
+        dropped |= set(group) - set(wide)
+    return dropped
 
 
 def _erase_dead(op) -> None:

@@ -1,5 +1,5 @@
 // Poolings, once kbd-poolings-as-taps has made each an element-wise linalg.generic per region
-// of its output (attribute kbd.pooling = rank; dims n, c, then the spatial dims): blocks of
+// of its output (attribute kbd.pooling = rank, 3 to 5; dims n, c, then the spatial dims): blocks of
 // $block_c channels of one image per scf.forall iteration, then $width output columns of one
 // row per step, vectorized: per tap, one row of the input combined into the row's maxima or
 // sums in registers. Widths that $width does not divide end in a peeled, masked tile.
@@ -25,6 +25,17 @@ module attributes {transform.with_named_sequence} {
   }
 
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %rank3 = transform.structured.match ops{["linalg.generic"]} attributes{kbd.pooling = 3 : i64}
+        in %root : (!transform.any_op) -> !transform.any_op
+    %blocks3 = transform.include @blocks failures(propagate) (%rank3)
+      : (!transform.any_op) -> !transform.any_op
+    %rows3, %loops3:3 = transform.structured.tile_using_for %blocks3 tile_sizes [1, 1, $width]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
+                                !transform.any_op)
+    transform.foreach %loops3#2 : !transform.any_op {
+    ^bb0(%loop: !transform.any_op):
+      transform.include @peel_one failures(suppress) (%loop) : (!transform.any_op) -> ()
+    }
     %rank4 = transform.structured.match ops{["linalg.generic"]} attributes{kbd.pooling = 4 : i64}
         in %root : (!transform.any_op) -> !transform.any_op
     %blocks4 = transform.include @blocks failures(propagate) (%rank4)
@@ -50,6 +61,12 @@ module attributes {transform.with_named_sequence} {
     }
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
+    %tiles3 = transform.structured.match ops{["linalg.generic"]}
+        attributes{kbd.pooling = 3 : i64} in %func : (!transform.any_op) -> !transform.any_op
+    transform.foreach %tiles3 : !transform.any_op {
+    ^bb0(%tile: !transform.any_op):
+      transform.structured.vectorize %tile vector_sizes [1, 1, $width] : !transform.any_op
+    }
     %tiles4 = transform.structured.match ops{["linalg.generic"]}
         attributes{kbd.pooling = 4 : i64} in %func : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles4 : !transform.any_op {
