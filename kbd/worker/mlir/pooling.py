@@ -74,7 +74,7 @@ def poolings_as_taps(module: ir.Module) -> int:
         for pooling in poolings:
             replaced = producer(pooling.result)
             with ir.InsertionPoint(replaced), replaced.location:
-                value = _taps(pooling)
+                value = _build(pooling)
             pooling.result.replace_all_uses_with(value)
             _erase_dead(replaced)
     return len(poolings)
@@ -94,9 +94,29 @@ def segments(out: int, size: int, window: Window) -> list[Segment]:
     return found
 
 
-def _taps(pooling: Pooling) -> ir.Value:
-    """The pooling's result, built region by region into a new tensor."""
+def _build(pooling: Pooling) -> ir.Value:
+    """The pooling's result. A window strided along the input's contiguous dim is computed in
+    two steps, as max and sum are separable: its outer dims' taps first, over whole rows of the
+    input (contiguous vector loads), then the strided taps along the rows of that smaller
+    tensor; else every tap at once."""
     out_type = ir.RankedTensorType(pooling.result.type)
+    last = len(pooling.windows) - 1
+    inner, outer = pooling.windows[last], pooling.windows[:last]
+    if inner.stride == 1 or all(w.taps == 1 for w in outer):
+        return _taps(pooling, out_type)
+    element = out_type.element_type
+    width = ir.RankedTensorType(pooling.data.type).shape[last]
+    rows_type = ir.RankedTensorType.get([*out_type.shape[:last], width], element)
+    start = arith.ConstantOp(element, ir.FloatAttr.get(element, IDENTITY[pooling.combine])).result
+    rows = pooling._replace(windows=[*outer, Window(1, 1, 1)], start=start, epilogue=None)
+    across = pooling._replace(
+        data=_taps(rows, rows_type), windows=[Window(1, 1, 1)] * last + [inner]
+    )
+    return _taps(across, out_type)
+
+
+def _taps(pooling: Pooling, out_type: ir.RankedTensorType) -> ir.Value:
+    """The pooling's result (of `out_type`), built region by region into a new tensor."""
     data_shape = ir.RankedTensorType(pooling.data.type).shape
     element = out_type.element_type
     shapes = zip(out_type.shape, data_shape, pooling.windows, strict=True)
