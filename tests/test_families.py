@@ -130,3 +130,18 @@ class Attention(torch.nn.Module):
 def test_attention_is_a_batched_product():
     args = [torch.randn(2, 3, 8, 16) for _ in range(3)]
     assert families.family_of(Attention(), args) == "batch_matmul"
+
+
+class PoolThenSum(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.avg_pool2d(x, 3, padding=1).sum(dim=1)
+
+
+def test_pooling_graphs_are_pooling_unless_a_convolution_dominates():
+    assert families.family_of(torch.nn.MaxPool1d(4, 2, 1), [torch.randn(1, 2, 16)]) == "pooling"
+    pool = torch.nn.MaxPool2d(3, 2, 1, return_indices=True)
+    assert families.family_of(pool, [torch.randn(1, 2, 9, 9)]) == "pooling"
+    assert families.family_of(torch.nn.AvgPool3d(3), [torch.randn(1, 2, 6, 6, 6)]) == "pooling"
+    assert families.family_of(PoolThenSum(), [torch.randn(1, 2, 8, 8)]) == "pooling"
+    conv_pool = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(2)).eval()
+    assert families.family_of(conv_pool, [torch.randn(1, 3, 8, 8)]) == "conv2d"

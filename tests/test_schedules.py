@@ -219,6 +219,24 @@ class Conv3d(torch.nn.Module):
         return self.conv(x, self.weight, self.bias, **self.options)
 
 
+class Pool(torch.nn.Module):
+    """Max or average pooling, 1-D to 3-D by the input's rank, with the given options."""
+
+    def __init__(self, average=False, **options):
+        super().__init__()
+        self.average, self.options = average, options
+
+    def forward(self, x):
+        rank = x.dim() - 2
+        if self.average:
+            return (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[rank - 1](x, **self.options)
+        return (F.max_pool1d, F.max_pool2d, F.max_pool3d)[rank - 1](x, **self.options)
+
+
+def pool(average=False, **options):
+    return functools.partial(Pool, average, **options)
+
+
 class TwoConvs(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -305,6 +323,19 @@ CASES = {
         (functools.partial(Conv3d, (4, 2, 3, 1, 3), dilation=(2, 1, 1)), [(1, 2, 9, 5, 20)]),
         (functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2), [(1, 4, 3, 5, 6)]),
         (functools.partial(Conv3d, (6, 2, 1, 3, 3), groups=2), [(1, 4, 3, 6, 10)]),
+    ],
+    "pooling": [  # kbd-poolings-as-taps, then pooling.mlir
+        (pool(kernel_size=8, stride=1, padding=4, dilation=3), [(2, 3, 70)]),
+        (pool(kernel_size=4, stride=1, padding=1), [(1, 4, 12, 45)]),
+        # strided along the rows: the outer taps first, then the strided ones (separable)
+        (pool(kernel_size=3, stride=2, padding=1), [(2, 3, 17, 40)]),
+        (pool(kernel_size=3, stride=2, padding=1, dilation=3), [(1, 2, 12, 13, 40)]),
+        (pool(kernel_size=(2, 3), stride=(1, 2), dilation=(2, 1)), [(1, 3, 9, 37)]),
+        (pool(True, kernel_size=8, stride=1, padding=4), [(2, 3, 70)]),
+        (pool(True, kernel_size=11), [(1, 2, 25, 37)]),
+        (pool(True, kernel_size=3, stride=2, padding=1), [(1, 2, 9, 10, 40)]),
+        # the divisor a tensor (counts without padding): not folded into the taps
+        (pool(True, kernel_size=3, stride=2, padding=1, count_include_pad=False), [(1, 2, 9, 20)]),
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),
@@ -652,6 +683,42 @@ def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():
             break
     else:
         raise AssertionError("the batch_matmul schedule has no batch-matmul.mlir stage")
+
+
+@pytest.mark.parametrize(
+    ("module", "shape", "regions", "divisions"),
+    [
+        # 1-D, padding 4, dilation 3: at each end, the first (last) column and the next three,
+        # which keep the same taps; the interior
+        (Pool(kernel_size=8, stride=1, padding=4, dilation=3), (2, 3, 70), 5, 0),
+        # 3-D average (channels-last between transposes, as torch-mlir imports it), strided
+        # along its rows: 3 x 3 regions of the outer taps, then 3 of the strided ones, each
+        # dividing by the window's size
+        (Pool(True, kernel_size=3, stride=2, padding=1), (1, 2, 9, 9, 39), 9 + 3, 3),
+    ],
+)
+def test_a_pooling_becomes_vectorized_taps_without_a_padded_copy(module, shape, regions, divisions):
+    """kbd-poolings-as-taps leaves no pooling op, no padding and no transpose: one generic
+    (kbd.pooling) per region of the output, the average's division folded in; pooling.mlir
+    computes them all in vector arithmetic."""
+    path = SCHEDULES / "x86_64" / "pooling" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(module, [torch.randn(shape)])
+    assert "tensor.pad" in str(module)
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-poolings-as-taps":
+            for name in ("linalg.pooling", "tensor.pad", "linalg.transpose", "reduction"):
+                assert name not in text
+            assert text.count("kbd.pooling") == regions
+            assert text.count("arith.divf") == divisions
+        if stage.name == "pooling.mlir":
+            assert "kbd.pooling" not in text
+            assert re.search(r"arith\.(maximumf|addf) .* : vector<\d+xf32>", text)
+            break
+    else:
+        raise AssertionError("the pooling schedule has no pooling.mlir stage")
 
 
 def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(family_run):
