@@ -145,3 +145,26 @@ def test_pooling_graphs_are_pooling_unless_a_convolution_dominates():
     assert families.family_of(PoolThenSum(), [torch.randn(1, 2, 8, 8)]) == "pooling"
     conv_pool = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(2)).eval()
     assert families.family_of(conv_pool, [torch.randn(1, 3, 8, 8)]) == "conv2d"
+
+
+def test_recurrent_layers_are_matmuls():
+    gru = torch.nn.GRU(8, 16, 2)
+    assert families.family_of(gru, [torch.randn(5, 3, 8), torch.randn(2, 3, 16)]) == "matmul"
+    lstm = torch.nn.LSTM(8, 16)
+    assert families.family_of(lstm, [torch.randn(5, 3, 8)]) == "matmul"
+
+
+def test_a_recurrent_layer_outweighs_a_small_linear_head():
+    """The layer's gate products are counted (3 per step for a GRU), not only the head's."""
+
+    class GruHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.head = torch.nn.GRU(64, 64), torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0][-1])
+
+    ops = families._ops(torch.export.export(GruHead(), (torch.randn(10, 4, 64),)))
+    gru = next(op for op in ops if op.name == "gru")
+    assert families._flops(gru) == 2 * 10 * 4 * 3 * 64 * (64 + 64)

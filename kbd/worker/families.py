@@ -6,9 +6,9 @@ The graph is `torch.export`'s ATen graph before decompositions, so `linear`, `co
 matrix products, HEAVY) doing the most FLOPs, counted from the shapes recorded on the graph's
 nodes; without heavy ops, the first of the other FAMILIES present. Products are told apart by
 their operands: both batched is `batch_matmul`, a vector operand or a single output column is
-`matvec`; attention (`scaled_dot_product_attention`) is `batch_matmul`. A graph of nothing
-but element-wise ops is `element_wise`; one with an op no family claims and no heavy op has no
-family (None).
+`matvec`; attention (`scaled_dot_product_attention`) is `batch_matmul`, recurrent layers (GRU,
+LSTM, RNN) `matmul`. A graph of nothing but element-wise ops is `element_wise`; one with an op
+no family claims and no heavy op has no family (None).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "conv3d": ("conv3d", "conv_transpose3d"),
     "conv2d": ("conv2d", "conv_transpose2d", "conv1d", "conv_transpose1d", "convolution"),
     "batch_matmul": ("bmm", "baddbmm", "scaled_dot_product_attention"),
-    "matmul": ("mm", "addmm", "linear", "matmul", "einsum"),
+    "matmul": ("mm", "addmm", "linear", "matmul", "einsum", "gru", "lstm", "rnn_tanh", "rnn_relu"),
     "matvec": ("mv", "addmv"),
     "pooling": ("max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices",
                 "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d",
@@ -48,6 +48,8 @@ ELEMENT_WISE = frozenset([
     "dropout", "alias", "detach", "lift_fresh_copy", "_to_copy",
 ])  # fmt: skip
 _OP_FAMILY = {op: family for family, ops in FAMILIES.items() for op in ops}
+# Recurrent layers (matmul family: their gates are products) -> gates per step.
+_GATES = {"gru": 3, "lstm": 4, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 def classify(names: Iterable[str], flops: dict[str, int] | None = None) -> str | None:
@@ -90,8 +92,16 @@ def _ops(exported) -> list[_Op]:
         if node.op == "call_function" and hasattr(node.target, "_schema"):
             name = node.target._schema.name.split("::", 1)[-1]
             operands = [s for s in map(_shape, node.args) if s is not None]
-            found.append(_Op(name, node, operands, _shape(node)))
+            found.append(_Op(name, node, operands, _result_shape(node)))
     return found
+
+
+def _result_shape(node) -> tuple[int, ...] | None:
+    """The shape of a node's result, or of its first result (a recurrent layer's output)."""
+    meta = node.meta.get("val")
+    if isinstance(meta, list | tuple) and meta and isinstance(meta[0], torch.Tensor):
+        return tuple(meta[0].shape)
+    return _shape(node)
 
 
 def _shape(value) -> tuple[int, ...] | None:
@@ -129,6 +139,9 @@ def _flops(op: _Op) -> int:
         if "transpose" in name or transposed:
             return 2 * math.prod(data) * math.prod(weight[1:])  # every input scatters a kernel
         return 2 * math.prod(out) * math.prod(weight[1:])
+    if name in _GATES:  # a recurrent layer: its gates' products with the input and the state
+        steps, width, hidden = math.prod(tensors[0][:-1]), tensors[0][-1], out[-1]
+        return 2 * steps * _GATES[name] * hidden * (width + hidden)
     if name == "scaled_dot_product_attention" and len(tensors) >= 3:
         query, key, value = tensors[:3]  # softmax(Q K^T) V: two products per head
         return 2 * math.prod(query[:-1]) * key[-2] * (query[-1] + value[-1])
