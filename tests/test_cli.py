@@ -225,9 +225,8 @@ def test_mem_limit_below_a_workers_base_need_is_a_usage_error(tmp_path):
 def test_a_levels_entry_naming_no_family_gets_its_family_at_run_time(tmp_path):
     """The fixture levels file names no family: each worker finds its kernel's family in the
     exported graph and runs that family's schedule; the record says so, and says why when the
-    scalar pipeline stays (a cumsum: no family, or one without a schedule here)."""
-    selection = ["level1/1_", "level1/3_", "level1/5_", "level1/6_", "--json"]
-    selection += ["--feature", "avx512f"]
+    scalar pipeline stays (a determinant: no family)."""
+    selection = ["level1/1_", "level1/3_", "level1/5_", "--json", "--feature", "avx512f"]
     result = kbd("run", *fixture_args(*selection, "--target", "x86_64"), cwd=tmp_path)
     records = json_records(result.stdout)
     assert {r["outcome"] for r in records.values()} == {"pass"}, result.stderr
@@ -238,8 +237,12 @@ def test_a_levels_entry_naming_no_family_gets_its_family_at_run_time(tmp_path):
         assert records[kernel]["pipeline"] == (
             "x86_64/reduction/f32.yaml (reduction, family found at run time)"
         )
-    scalar = records["level1/6_cumsum"]["pipeline"]
-    assert scalar.startswith("scalar-lowering.yaml (") and scalar.endswith("found at run time)")
+    levels = str(FIXTURE_LEVELS.parent / "dtypes.yaml")
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", levels, "level8/2_", "--json"]
+    result = kbd("run", *args, "--target", "x86_64", cwd=tmp_path)
+    (record,) = json_records(result.stdout).values()
+    assert record["outcome"] == "pass", result.stderr
+    assert record["pipeline"] == "scalar-lowering.yaml (no family found at run time)"
     # a smoke test runs the scalar pipeline and looks for no family
     smoke = kbd("sweep", "--smoke-test", *fixture_args(*selection), cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stderr

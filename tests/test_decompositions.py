@@ -8,11 +8,10 @@ import torch
 from kbd.worker import decompositions, norms
 
 
-@pytest.mark.parametrize("shape", [(7,), (3, 100), (2, 5, 33), (1, 1)])
-@pytest.mark.parametrize("dim", [0, -1])
-def test_cumsum_matches_eager(shape, dim):
-    x = torch.rand(shape, dtype=torch.float64)
-    torch.testing.assert_close(decompositions.cumsum(x, dim), torch.cumsum(x, dim))
+def test_floating_scans_are_left_to_torch_mlir():
+    x = torch.rand(3, 100)
+    assert decompositions.cumsum(x, 1) is NotImplemented
+    assert decompositions.cumprod(x, 0) is NotImplemented
 
 
 def test_cumsum_of_integers_and_bools_accumulates_in_int64():
@@ -25,12 +24,6 @@ def test_cumsum_of_integers_and_bools_accumulates_in_int64():
 def test_cumsum_with_dtype():
     x = torch.arange(10, dtype=torch.int32)
     assert torch.equal(decompositions.cumsum(x, 0, torch.float32), torch.cumsum(x, 0).float())
-
-
-@pytest.mark.parametrize("dim", [0, 1])
-def test_cumprod_matches_eager(dim):
-    x = torch.rand(6, 17, dtype=torch.float64) + 0.5
-    torch.testing.assert_close(decompositions.cumprod(x, dim), torch.cumprod(x, dim))
 
 
 def test_zero_dimensional():

@@ -385,6 +385,7 @@ BUFFERIZATION_CLEANUP = [
     "buffer-deallocation-pipeline",
     "convert-bufferization-to-memref",
     "kbd-dealloc-after-last-use",
+    "kbd-outputs-in-place",
     "cse",
     "canonicalize",
 ]

@@ -132,3 +132,61 @@ def test_losses_and_norms_are_reductions():
     assert families.family_of(MseLoss(), [x, torch.randn(4, 8)]) == "reduction"
     assert families.family_of(CrossEntropy(), [x, torch.randint(0, 8, (4,))]) == "reduction"
     assert families.family_of(L2Norm(), [x]) == "reduction"
+
+
+class MaskedCumsum(torch.nn.Module):
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=1)
+
+
+def test_scans_are_their_own_family():
+    args = [torch.randn(4, 8), torch.rand(4, 8) < 0.5]
+    assert families.family_of(MaskedCumsum(), args) == "scan"
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_attention_is_a_batched_product():
+    args = [torch.randn(2, 3, 8, 16) for _ in range(3)]
+    assert families.family_of(Attention(), args) == "batch_matmul"
+
+
+class PoolThenSum(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.avg_pool2d(x, 3, padding=1).sum(dim=1)
+
+
+def test_pooling_graphs_are_pooling_unless_a_convolution_dominates():
+    assert families.family_of(torch.nn.MaxPool1d(4, 2, 1), [torch.randn(1, 2, 16)]) == "pooling"
+    pool = torch.nn.MaxPool2d(3, 2, 1, return_indices=True)
+    assert families.family_of(pool, [torch.randn(1, 2, 9, 9)]) == "pooling"
+    assert families.family_of(torch.nn.AvgPool3d(3), [torch.randn(1, 2, 6, 6, 6)]) == "pooling"
+    assert families.family_of(PoolThenSum(), [torch.randn(1, 2, 8, 8)]) == "pooling"
+    conv_pool = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(2)).eval()
+    assert families.family_of(conv_pool, [torch.randn(1, 3, 8, 8)]) == "conv2d"
+
+
+def test_recurrent_layers_are_matmuls():
+    gru = torch.nn.GRU(8, 16, 2)
+    assert families.family_of(gru, [torch.randn(5, 3, 8), torch.randn(2, 3, 16)]) == "matmul"
+    lstm = torch.nn.LSTM(8, 16)
+    assert families.family_of(lstm, [torch.randn(5, 3, 8)]) == "matmul"
+
+
+def test_a_recurrent_layer_outweighs_a_small_linear_head():
+    """The layer's gate products are counted (3 per step for a GRU), not only the head's."""
+
+    class GruHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.head = torch.nn.GRU(64, 64), torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0][-1])
+
+    ops = families._ops(torch.export.export(GruHead(), (torch.randn(10, 4, 64),)))
+    gru = next(op for op in ops if op.name == "gru")
+    assert families._flops(gru) == 2 * 10 * 4 * 3 * 64 * (64 + 64)

@@ -2,8 +2,9 @@
 large shapes expose, on fixture kernels (tests/fixtures/large-shapes.yaml), in one run with
 `--mem-limit 1GiB` and `-O 0`.
 
-- Buffers freed at the end of the function: a cumsum (15 steps of shifted adds) held all 16 of
-  its buffers and died (SIGSEGV, a failed allocation); freed after last use it passes.
+- A large cumsum: decomposed into 15 steps of shifted adds, as kbd once did, it held all 16 of
+  its buffers and died (SIGSEGV, a failed allocation) until buffers were freed after their last
+  use; now one pass at import (kbd.worker.mlir.scans), it allocates nothing but its output.
 - Stack buffers inside loops: the matvec schedule's reduction loop allocated 576 bytes of stack
   per step, never freed; 128 rows of 262144 overflowed the stack (SIGSEGV).
 - Long f32 sums: a mean of 2^24 elements summed in one sequence was 2.8% off eager (mismatch).

@@ -40,6 +40,8 @@ _INGRESS_CODE = (
     "worker/low_precision.py",
     "worker/mlir/__init__.py",  # the whole package, as when it was one module
     "worker/mlir/importer.py",
+    "worker/mlir/scans.py",
+    "worker/mlir/walk.py",
     "worker/mlir/convention.py",
     "worker/mlir/rewrites.py",
     "worker/mlir/apply.py",

@@ -1,9 +1,8 @@
 """Decompositions applied at import, for ops torch-mlir lowers to ops nothing here can compile.
 
-torch-mlir turns `aten.cumsum` / `aten.cumprod` into `tm_tensor.scan`, which the upstream
-bufferization cannot handle ("op was not bufferized"). Expressed as a log-step (Hillis-Steele)
-scan of shifted adds, they become plain linalg: log2(n) elementwise steps instead of one
-sequential loop. The summation order differs from eager's, well within the check's tolerance.
+torch-mlir turns `aten.cumsum` / `aten.cumprod` into `tm_tensor.scan` (which
+kbd.worker.mlir.scans turns into loops after import), accumulating in the input's type: integer
+and bool inputs are first converted to int64 (or the `dtype` asked for), as eager does.
 
 Floating-point `sum` and `mean` over many elements are summed in blocks: the linalg lowering
 adds the elements into one f32 accumulator in sequence, whose error grows with the count (at
@@ -25,36 +24,23 @@ import torch
 aten = torch.ops.aten
 
 
-def _scan(x: torch.Tensor, dim: int, combine, identity: float) -> torch.Tensor:
-    if x.dim() == 0:
-        return x.clone()
-    dim = dim % x.dim()
-    n = x.shape[dim]
-    step = 1
-    while step < n:
-        pad_shape = list(x.shape)
-        pad_shape[dim] = step
-        pad = torch.full(pad_shape, identity, dtype=x.dtype, device=x.device)
-        shifted = torch.cat([pad, x.narrow(dim, 0, n - step)], dim)
-        x = combine(x, shifted)
-        step *= 2
-    return x
-
-
 def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.is_floating_point():
-        x = x.to(torch.int64)  # like eager: integer and bool sums accumulate in int64
-    return _scan(x, dim, torch.add, 0)
+    return _scan_in(aten.cumsum.default, x, dim, dtype)
 
 
 def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.is_floating_point():
-        x = x.to(torch.int64)
-    return _scan(x, dim, torch.mul, 1)
+    return _scan_in(aten.cumprod.default, x, dim, dtype)
+
+
+def _scan_in(op, x: torch.Tensor, dim: int, dtype: torch.dtype | None):
+    """The scan of x in the type eager computes it in (`dtype`, else int64 for integers and
+    bools), or NotImplemented when x already has it (torch-mlir then makes the scan)."""
+    target = dtype or (x.dtype if x.is_floating_point() else torch.int64)
+    if x.dim() == 0:
+        return x.to(target).clone()
+    if target == x.dtype and dtype is None:
+        return NotImplemented
+    return op(x.to(target), dim)
 
 
 BLOCK = 1 << 16  # the longest run of elements summed into one f32 accumulator
@@ -174,7 +160,40 @@ def cross_entropy(x, target, weight=None, reduction=1, ignore_index=-100, label_
     return torch.sum(losses) / torch.sum(valid)
 
 
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    *,
+    scale=None,
+    enable_gqa=False,
+):
+    """Attention as two batched products around a softmax, the scale applied to the scores:
+    softmax(Q K^T * scale) V, with K^T a transpose of the last two dims of K on the product's
+    operand, which kbd-fold-transpose-into-batch-matmul folds into the product's maps (K is
+    then read as stored). torch-mlir's own decomposition scales Q and a transposed copy of K
+    instead, and the copy costs more than the product. Masks, dropout, causal attention and
+    grouped heads are left to it (NotImplemented)."""
+    if attn_mask is not None or dropout_p != 0.0 or is_causal or enable_gqa:
+        return NotImplemented
+    if query.dim() < 3 or query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
+        return NotImplemented
+    batch = query.shape[:-2]
+    length, source, depth = query.shape[-2], key.shape[-2], query.shape[-1]
+    q = query.reshape(-1, length, depth)
+    k = key.reshape(-1, source, depth)
+    v = value.reshape(-1, source, value.shape[-1])
+    factor = scale if scale is not None else 1.0 / math.sqrt(depth)
+    scores = torch.bmm(q, k.transpose(1, 2)) * factor
+    weights = torch.softmax(scores, dim=-1)
+    return torch.bmm(weights, v).reshape(*batch, length, value.shape[-1])
+
+
 TABLE = {
+    aten.scaled_dot_product_attention.default: scaled_dot_product_attention,
     aten.cumsum.default: cumsum,
     aten.cumprod.default: cumprod,
     aten.sum.default: sum_all,

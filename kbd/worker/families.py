@@ -6,8 +6,9 @@ The graph is `torch.export`'s ATen graph before decompositions, so `linear`, `co
 matrix products, HEAVY) doing the most FLOPs, counted from the shapes recorded on the graph's
 nodes; without heavy ops, the first of the other FAMILIES present. Products are told apart by
 their operands: both batched is `batch_matmul`, a vector operand or a single output column is
-`matvec`. A graph of nothing but element-wise ops is `element_wise`; one with an op no family
-claims and no heavy op has no family (None).
+`matvec`; attention (`scaled_dot_product_attention`) is `batch_matmul`, recurrent layers (GRU,
+LSTM, RNN) `matmul`. A graph of nothing but element-wise ops is `element_wise`; one with an op
+no family claims and no heavy op has no family (None).
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ import torch
 FAMILIES: dict[str, tuple[str, ...]] = {
     "conv3d": ("conv3d", "conv_transpose3d"),
     "conv2d": ("conv2d", "conv_transpose2d", "conv1d", "conv_transpose1d", "convolution"),
-    "batch_matmul": ("bmm", "baddbmm"),
-    "matmul": ("mm", "addmm", "linear", "matmul", "einsum"),
+    "batch_matmul": ("bmm", "baddbmm", "scaled_dot_product_attention"),
+    "matmul": ("mm", "addmm", "linear", "matmul", "einsum", "gru", "lstm", "rnn_tanh", "rnn_relu"),
     "matvec": ("mv", "addmv"),
+    "pooling": ("max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices",
+                "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d",
+                "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+                "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax"),
     "norm": ("layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"),
+    "scan": ("cumsum", "cumprod"),
     "reduction": ("sum", "mean", "amax", "amin", "max", "min", "prod", "argmax", "argmin",
                   "linalg_vector_norm", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
                   "kl_div", "cross_entropy_loss", "nll_loss", "triplet_margin_loss",
@@ -44,6 +50,8 @@ ELEMENT_WISE = frozenset([
     "dropout", "alias", "detach", "lift_fresh_copy", "_to_copy",
 ])  # fmt: skip
 _OP_FAMILY = {op: family for family, ops in FAMILIES.items() for op in ops}
+# Recurrent layers (matmul family: their gates are products) -> gates per step.
+_GATES = {"gru": 3, "lstm": 4, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 def classify(names: Iterable[str], flops: dict[str, int] | None = None) -> str | None:
@@ -86,8 +94,16 @@ def _ops(exported) -> list[_Op]:
         if node.op == "call_function" and hasattr(node.target, "_schema"):
             name = node.target._schema.name.split("::", 1)[-1]
             operands = [s for s in map(_shape, node.args) if s is not None]
-            found.append(_Op(name, node, operands, _shape(node)))
+            found.append(_Op(name, node, operands, _result_shape(node)))
     return found
+
+
+def _result_shape(node) -> tuple[int, ...] | None:
+    """The shape of a node's result, or of its first result (a recurrent layer's output)."""
+    meta = node.meta.get("val")
+    if isinstance(meta, list | tuple) and meta and isinstance(meta[0], torch.Tensor):
+        return tuple(meta[0].shape)
+    return _shape(node)
 
 
 def _shape(value) -> tuple[int, ...] | None:
@@ -125,6 +141,12 @@ def _flops(op: _Op) -> int:
         if "transpose" in name or transposed:
             return 2 * math.prod(data) * math.prod(weight[1:])  # every input scatters a kernel
         return 2 * math.prod(out) * math.prod(weight[1:])
+    if name in _GATES:  # a recurrent layer: its gates' products with the input and the state
+        steps, width, hidden = math.prod(tensors[0][:-1]), tensors[0][-1], out[-1]
+        return 2 * steps * _GATES[name] * hidden * (width + hidden)
+    if name == "scaled_dot_product_attention" and len(tensors) >= 3:
+        query, key, value = tensors[:3]  # softmax(Q K^T) V: two products per head
+        return 2 * math.prod(query[:-1]) * key[-2] * (query[-1] + value[-1])
     operand = (
         tensors[1] if name in ("addmm", "baddbmm", "addmv") and len(tensors) > 1 else tensors[0]
     )

@@ -59,7 +59,6 @@ from kbd.worker.mlir.rewrites import (
     hoist_allocas,
     openmp_guided_schedule,
     polynomial_exp,
-    polynomial_log,
 )
 
 __all__ = [
@@ -90,7 +89,6 @@ __all__ = [
     "parse_module",
     "pass_pipeline",
     "polynomial_exp",
-    "polynomial_log",
     "print_module",
     "results_to_out_params",
     "set_target_features",

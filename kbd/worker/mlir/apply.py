@@ -13,7 +13,7 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects.transform import interpreter
 
 from kbd.shared.protocol import Stage
-from kbd.worker.mlir import bf16_dot, conv3d, depthwise, rewrites, strided_conv
+from kbd.worker.mlir import bf16_dot, conv3d, depthwise, pooling, rewrites, strided_conv
 from kbd.worker.mlir.importer import module_text
 
 TRANSFORM_ENTRY = "__transform_main"
@@ -21,19 +21,23 @@ TRANSFORM_ENTRY = "__transform_main"
 # kbd's own rewrites, by the name a `pass:` stage gives them (not MLIR passes).
 REWRITES = {
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
+    "kbd-fold-transpose-into-batch-matmul": rewrites.fold_transpose_into_batch_matmul,
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
     "kbd-strided-convs-as-phases": strided_conv.strided_convs_as_phases,
     "kbd-depthwise-convs-as-taps": depthwise.depthwise_convs_as_taps,
     "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
     "kbd-conv3d-as-conv2d": conv3d.conv3d_as_conv2d,
+    "kbd-poolings-as-taps": pooling.poolings_as_taps,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,
     "kbd-flatten-whole-tensor-transfers": rewrites.flatten_whole_tensor_transfers,
+    "kbd-polynomial-erf": rewrites.polynomial_erf,
     "kbd-polynomial-exp": rewrites.polynomial_exp,
     "kbd-polynomial-log": rewrites.polynomial_log,
     "kbd-openmp-guided-schedule": rewrites.openmp_guided_schedule,
     "kbd-dealloc-after-last-use": rewrites.deallocs_after_last_use,
+    "kbd-outputs-in-place": rewrites.outputs_in_place,
     "kbd-hoist-allocas": rewrites.hoist_allocas,
 }
 

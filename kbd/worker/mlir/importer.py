@@ -12,6 +12,7 @@ from torch_mlir import fx, ir
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
 from kbd.worker import decompositions, low_precision, norms
+from kbd.worker.mlir import scans
 
 MUTATED_INPUTS = "kbd.mutated_inputs"  # module attribute: positions of inputs the entry writes
 
@@ -46,6 +47,7 @@ def import_program(program: torch.export.ExportedProgram) -> ir.Module:
         elif spec.kind != OutputKind.USER_OUTPUT:
             raise ValueError(f"unsupported output of the exported program: {spec.kind.name}")
     module = fx.export_and_import(program, output_type="linalg-on-tensors", decomposition_table={})
+    scans.scans_as_loops(module)  # tm_tensor.scan, which no pipeline could bufferize
     with module.context:
         module.operation.attributes[MUTATED_INPUTS] = ir.DenseI64ArrayAttr.get(mutated)
     return module

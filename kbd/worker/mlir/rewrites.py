@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg, tensor, vector
+from torch_mlir.dialects import arith, linalg, memref, tensor, vector
 from torch_mlir.dialects import math as math_dialect
 
 from kbd.worker.mlir.walk import ops_named, producer
@@ -74,20 +74,67 @@ def _expand_exp(op) -> None:
     op.erase()
 
 
-# Cephes' logf: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log(x) = e ln 2 + log(m), log(m)
-# from a degree-9 polynomial in m - 1 (ln 2 in two parts): within a few ulp for normal and
-# subnormal x; -inf at 0, NaN below 0 and for NaN, +inf at +inf.
-_SQRT_HALF = 0.707106781186547524
+# erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a / 2), for a >= 0 (Numerical Recipes' erfcc:
+# relative error below 1.2e-7 everywhere), P's coefficients from the constant term up.
+_ERFC_POLYNOMIAL = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+                    -1.13520398, 1.48851587, -0.82215223, 0.17087277)  # fmt: skip
+
+
+def polynomial_erf(module: ir.Module) -> int:
+    """Replace each `math.erf` of an f32 vector by erf(x) = sign(x) (1 - erfc(|x|)), erfc a
+    polynomial times a vector `math.exp` (the `kbd-polynomial-erf` stage, before
+    `kbd-polynomial-exp`, which expands that exp); returns how many were replaced. Without it
+    each lane is a call of libm's erff (GELU)."""
+    with module.context, ir.Location.unknown():
+        found = [
+            op
+            for op in ops_named(module, "math.erf")
+            if isinstance(op.operands[0].type, ir.VectorType)
+            and isinstance(op.operands[0].type.element_type, ir.F32Type)
+        ]
+        for op in found:
+            x = op.operands[0]
+            floats = ir.VectorType(x.type)
+            with ir.InsertionPoint(op), op.location:
+
+                def const(value: float, floats=floats):
+                    attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
+                    return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+
+                a = math_dialect.absf(x)
+                t = arith.divf(const(1.0), math_dialect.fma(a, const(0.5), const(1.0)))
+                p = const(_ERFC_POLYNOMIAL[-1])
+                for coefficient in reversed(_ERFC_POLYNOMIAL[:-1]):
+                    p = math_dialect.fma(p, t, const(coefficient))
+                exponent = arith.subf(p, arith.mulf(a, a))
+                erfc = arith.mulf(t, math_dialect.exp(exponent))
+                result = math_dialect.copysign(arith.subf(const(1.0), erfc), x)
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+    return len(found)
+
+
+# log(1 + m) = m - m^2/2 + m^3 P(m) for m in [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes' logf, a few
+# ulp), P's coefficients from the highest power down.
 _LOG_POLYNOMIAL = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
                    1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
                    3.3333331174e-1)  # fmt: skip
-_SMALLEST_NORMAL = 1.17549435e-38
 
 
 def polynomial_log(module: ir.Module) -> int:
-    """Replace each `math.log` of an f32 vector by a polynomial in vector arithmetic (the
-    `kbd-polynomial-log` stage); returns how many were replaced."""
+    """Replace each `math.log` of an f32 vector by log(2^e m) = e log 2 + log(m), m from the
+    bits of x in [sqrt(1/2), sqrt(2)) and log(m) a polynomial (the `kbd-polynomial-log`
+    stage); returns how many were replaced. 0 gives -inf, a negative x or NaN NaN, inf inf;
+    subnormal inputs are taken as their normal neighbours (off by their missing leading bits).
+    Without it each lane is a call of libm's logf (Softplus, KL divergence). A vector
+    `math.log1p` becomes such a log first, as log(u) (x / (u - 1)) with u = 1 + x (exact where u
+    rounds to 1), which keeps log1p's precision near 0."""
     with module.context, ir.Location.unknown():
+        for op in ops_named(module, "math.log1p"):
+            if isinstance(op.operands[0].type, ir.VectorType) and isinstance(
+                op.operands[0].type.element_type, ir.F32Type
+            ):
+                _log1p_as_log(op)
         found = [
             op
             for op in ops_named(module, "math.log")
@@ -99,49 +146,62 @@ def polynomial_log(module: ir.Module) -> int:
     return len(found)
 
 
-def _expand_log(op) -> None:
-    given = op.operands[0]
-    floats = ir.VectorType(given.type)
-    i32 = ir.IntegerType.get_signless(32)
-    ints = ir.VectorType.get(floats.shape, i32)
+def _log1p_as_log(op) -> None:
+    x = op.operands[0]
+    floats = ir.VectorType(x.type)
     with ir.InsertionPoint(op), op.location:
 
         def const(value: float):
             attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
             return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
 
-        def iconst(value: int):
+        u = arith.addf(const(1.0), x)
+        scaled = arith.mulf(math_dialect.log(u), arith.divf(x, arith.subf(u, const(1.0))))
+        exact = arith.cmpf(arith.CmpFPredicate.OEQ, u, const(1.0))
+        infinite = arith.cmpf(arith.CmpFPredicate.OEQ, u, const(float("inf")))
+        result = arith.select(exact, x, arith.select(infinite, u, scaled))
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
+def _expand_log(op) -> None:
+    x = op.operands[0]
+    floats = ir.VectorType(x.type)
+    ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
+    i32 = ir.IntegerType.get_signless(32)
+    with ir.InsertionPoint(op), op.location:
+
+        def const(value: float):
+            attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
+            return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+
+        def integer(value: int):
             attribute = ir.IntegerAttr.get(i32, value)
             return arith.constant(ints, ir.DenseElementsAttr.get_splat(ints, attribute))
 
-        # Subnormals scaled into the normal range first (their exponent field is 0).
-        subnormal = arith.cmpf(arith.CmpFPredicate.OLT, given, const(_SMALLEST_NORMAL))
-        x = arith.select(subnormal, arith.mulf(given, const(2.0**23)), given)
-        offset = arith.select(subnormal, const(-23.0), const(0.0))
         bits = arith.bitcast(ints, x)
-        exponent = arith.subi(arith.shrui(bits, iconst(23)), iconst(126))
-        e = arith.addf(arith.sitofp(floats, exponent), offset)
-        # The mantissa with exponent field 126: m in [0.5, 1).
+        # x = 2^e m with m in [1/2, 1): the exponent field, then the mantissa with exponent -1
+        e = arith.sitofp(floats, arith.subi(arith.shrui(bits, integer(23)), integer(126)))
         m = arith.bitcast(
-            floats, arith.ori(arith.andi(bits, iconst(0x007FFFFF)), iconst(0x3F000000))
+            floats, arith.ori(arith.andi(bits, integer(0x007FFFFF)), integer(0x3F000000))
         )
-        low = arith.cmpf(arith.CmpFPredicate.OLT, m, const(_SQRT_HALF))
+        # m in [sqrt(1/2), sqrt(2)): below sqrt(1/2), double it and take one from e
+        low = arith.cmpf(arith.CmpFPredicate.OLT, m, const(0.707106781186547524))
         e = arith.select(low, arith.subf(e, const(1.0)), e)
         m = arith.subf(arith.select(low, arith.addf(m, m), m), const(1.0))
         z = arith.mulf(m, m)
         p = const(_LOG_POLYNOMIAL[0])
         for coefficient in _LOG_POLYNOMIAL[1:]:
             p = math_dialect.fma(p, m, const(coefficient))
-        y = arith.mulf(arith.mulf(p, z), m)
+        y = arith.mulf(arith.mulf(p, m), z)
         y = math_dialect.fma(e, const(_LN2_PARTS[1]), y)
         y = math_dialect.fma(z, const(-0.5), y)
         result = math_dialect.fma(e, const(_LN2_PARTS[0]), arith.addf(m, y))
-        # Ends: log(0) = -inf, log(+inf) = +inf, NaN below 0 and for NaN (unordered compare).
-        zero = arith.cmpf(arith.CmpFPredicate.OEQ, given, const(0.0))
-        infinite = arith.cmpf(arith.CmpFPredicate.OEQ, given, const(float("inf")))
-        invalid = arith.cmpf(arith.CmpFPredicate.ULT, given, const(0.0))
-        result = arith.select(infinite, given, result)
-        result = arith.select(zero, const(float("-inf")), result)
+        zero = arith.cmpf(arith.CmpFPredicate.OEQ, x, const(0.0))
+        invalid = arith.cmpf(arith.CmpFPredicate.ULT, x, const(0.0))  # negative, or NaN
+        infinite = arith.cmpf(arith.CmpFPredicate.OEQ, x, const(float("inf")))
+        result = arith.select(infinite, const(float("inf")), result)
+        result = arith.select(zero, const(-float("inf")), result)
         result = arith.select(invalid, const(float("nan")), result)
     op.results[0].replace_all_uses_with(result)
     op.erase()
@@ -183,15 +243,15 @@ _ESCAPES = frozenset({
 _MEMREF_TYPES = (ir.MemRefType, ir.UnrankedMemRefType)
 
 
-def _buffer_users(buffer: ir.Value, ignore: ir.Operation | None = None) -> list | None:
-    """The ops that use `buffer` or a view of it (views excluded), or None when an alias may
-    escape: yielded or returned (a terminator), passed to a call or a free, turned into an
-    address, or a result of an op that is not a known view."""
+def _buffer_users(buffer: ir.Value, ignore: tuple = ()) -> list | None:
+    """The ops that use `buffer` or a view of it (views and the ops in `ignore` excluded), or
+    None when an alias may escape: yielded or returned (a terminator), passed to a call or a
+    free, turned into an address, or a result of an op that is not a known view."""
     users, pending = [], [buffer]
     while pending:
         for use in pending.pop().uses:
             op = use.owner.operation
-            if ignore is not None and op == ignore:
+            if op in ignore:
                 continue
             if op.name in _VIEWS:
                 pending.extend(r for r in op.results if isinstance(r.type, ir.MemRefType))
@@ -232,7 +292,7 @@ def deallocs_after_last_use(module: ir.Module) -> int:
         block = dealloc.block
         if alloc.name != "memref.alloc" or alloc.block != block:
             continue
-        users = _buffer_users(buffer, ignore=dealloc)
+        users = _buffer_users(buffer, ignore=(dealloc,))
         if users is None:
             continue
         last = alloc
@@ -247,6 +307,87 @@ def deallocs_after_last_use(module: ir.Module) -> int:
                 dealloc.move_after(last)
                 moved += 1
     return moved
+
+
+def outputs_in_place(module: ir.Module) -> int:
+    """Compute a result in its out-param instead of copying it there (the
+    `kbd-outputs-in-place` stage); returns how many copies went.
+
+    A result computed through a reshape of its buffer (an element-wise chain flattened to 1-D,
+    a scan's or a product's view) does not bufferize in place: the function allocates a buffer,
+    computes into it, copies it whole into the out-param and frees it, an extra pass over the
+    output. When the out-param is used by that copy only, and the buffer (an `memref.alloc` in
+    the same block, reached from the copy's source through `memref.expand_shape` and
+    `collapse_shape` views) is used by nothing after the copy, the buffer becomes the
+    out-param seen through the inverse reshapes."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for copy in [op.operation for op in ops_named(module, "memref.copy")]:
+            source, target = copy.operands
+            views, alloc = _reshapes_from(source, copy.block)
+            if (
+                not isinstance(target, ir.BlockArgument)
+                or target.owner != copy.block
+                or len(list(target.uses)) != 1
+                or alloc is None
+                or not _identity_layout(target.type)
+            ):
+                continue
+            deallocs = [
+                use.owner.operation
+                for use in alloc.results[0].uses
+                if use.owner.operation.name == "memref.dealloc"
+            ]
+            users = _buffer_users(alloc.results[0], ignore=(copy, *deallocs))
+            if users is None or any(
+                not _ancestor_in(user, copy.block).is_before_in_block(copy) for user in users
+            ):
+                continue
+            with ir.InsertionPoint(alloc), alloc.location:
+                value = target
+                for view in views:  # from the copy's source back to the buffer: undo each
+                    value = _inverse_reshape(view, value)
+            alloc.results[0].replace_all_uses_with(value)
+            for dealloc in deallocs:
+                dealloc.erase()
+            copy.erase()
+            alloc.erase()
+            changed += 1
+    return changed
+
+
+def _reshapes_from(value: ir.Value, block: ir.Block) -> tuple[list, ir.Operation | None]:
+    """The `expand_shape`/`collapse_shape` views from `value` back to the `memref.alloc` (of
+    static shape, in `block`) they view, and that alloc; (.., None) when there is none."""
+    views = []
+    op = producer(value)
+    while op is not None and op.name in ("memref.expand_shape", "memref.collapse_shape"):
+        views.append(op)
+        op = producer(op.operands[0])
+    if op is None or op.name != "memref.alloc" or op.block != block or list(op.operands):
+        return views, None
+    return views, op
+
+
+def _identity_layout(kind) -> bool:
+    """A static memref type laid out row-major without offset."""
+    buffer = ir.MemRefType(kind)
+    layout = buffer.layout
+    if not buffer.has_static_shape or not isinstance(layout, ir.AffineMapAttr):
+        return False
+    layout_map = ir.AffineMapAttr(layout).value
+    return layout_map == ir.AffineMap.get_identity(layout_map.n_dims)
+
+
+def _inverse_reshape(view: ir.Operation, value: ir.Value) -> ir.Value:
+    """`value` (of `view`'s result type) reshaped back into `view`'s operand type."""
+    source_type = ir.MemRefType(view.operands[0].type)
+    reassociation = view.attributes["reassociation"]
+    if view.name == "memref.collapse_shape":
+        return memref.ExpandShapeOp(
+            source_type, value, reassociation, [], list(source_type.shape)
+        ).result
+    return memref.CollapseShapeOp(source_type, value, reassociation).result
 
 
 # Loops, ops that run a region at most once, and the ops that bound an alloca's lifetime (the
@@ -300,9 +441,17 @@ FOLD_TRANSPOSE_MAX_ROWS = 128
 
 def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
     """Indexing maps over (m, n, k) of C[m, n] += A[m, k] * B[b_dims]."""
+    return _product_maps(b_dims, batched=False)
+
+
+def _product_maps(b_dims: tuple[int, int], *, batched: bool) -> list[ir.AffineMap]:
+    """Indexing maps over ([batch,] m, n, k) of C[m, n] += A[m, k] * B[b_dims], each operand
+    led by the batch dim when `batched`."""
+    lead = (0,) if batched else ()
+    shift = len(lead)
     return [
-        ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(d) for d in dims])
-        for dims in ((0, 2), b_dims, (0, 1))
+        ir.AffineMap.get(3 + shift, 0, [ir.AffineDimExpr.get(d) for d in (*lead, *dims)])
+        for dims in ((shift, shift + 2), tuple(d + shift for d in b_dims), (shift, shift + 1))
     ]
 
 
@@ -316,29 +465,41 @@ def fold_transpose_into_matmul(module: ir.Module) -> int:
     tensor, then a matmul: for x of 8 rows and W of 8192 x 8192, a 256 MiB strided copy per
     call, slower than the product itself. The matmul schedules tell the folded matmul from the
     plain one by its maps."""
+    return _fold_transposes(module, "linalg.matmul", linalg.matmul, batched=False)
+
+
+def fold_transpose_into_batch_matmul(module: ir.Module) -> int:
+    """The same for `linalg.batch_matmul` whose B is a transpose of its last two dims,
+    `C[b, m, n] += A[b, m, k] * K[b, n, k]`, with at most `FOLD_TRANSPOSE_MAX_ROWS` rows per
+    matrix (the `kbd-fold-transpose-into-batch-matmul` stage): attention's scores Q K^T, which
+    kbd's decomposition writes as a product with a transposed K."""
+    return _fold_transposes(module, "linalg.batch_matmul", linalg.batch_matmul, batched=True)
+
+
+def _fold_transposes(module: ir.Module, name: str, build, *, batched: bool) -> int:
     changed = 0
+    swap = [0, 2, 1] if batched else [1, 0]
     with module.context, ir.Location.unknown():
-        plain = [ir.AffineMapAttr.get(m) for m in _matmul_maps((2, 1))]
-        for matmul in ops_named(module, "linalg.matmul"):
-            matmul = matmul.operation
-            a, b, c = matmul.operands
+        plain = [ir.AffineMapAttr.get(m) for m in _product_maps((2, 1), batched=batched)]
+        for product in ops_named(module, name):
+            product = product.operation
+            a, b, c = product.operands
             transpose = producer(b)
-            rows = ir.ShapedType(a.type).shape[0]
+            rows = ir.ShapedType(a.type).shape[-2]
             if (
                 transpose is None
                 or transpose.name != "linalg.transpose"
-                or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 0]
-                or list(ir.ArrayAttr(matmul.attributes["indexing_maps"])) != plain
+                or list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != swap
+                or list(ir.ArrayAttr(product.attributes["indexing_maps"])) != plain
                 or ir.ShapedType.is_dynamic_size(rows)
                 or rows > FOLD_TRANSPOSE_MAX_ROWS
             ):
                 continue
-            with ir.InsertionPoint(matmul), matmul.location:
-                folded = linalg.matmul(
-                    a, transpose.operands[0], outs=[c], indexing_maps=_matmul_maps((1, 2))
-                )
-            matmul.results[0].replace_all_uses_with(folded)
-            matmul.erase()
+            maps = _product_maps((1, 2), batched=batched)
+            with ir.InsertionPoint(product), product.location:
+                folded = build(a, transpose.operands[0], outs=[c], indexing_maps=maps)
+            product.results[0].replace_all_uses_with(folded)
+            product.erase()
             changed += 1
             if not list(transpose.result.uses):
                 init = producer(transpose.operands[1])

@@ -9,7 +9,8 @@
 //   reg_m, reg_n      register tile: reg_m * reg_n / lanes accumulators must fit the vector file
 // Register tiles that do not divide a block are peeled off its M and N loops: the full tiles
 // vectorize without masks, only the edges are masked.
-// Runs on linalg-on-tensors, before bufferization; every linalg.batch_matmul is tiled.
+// Runs on linalg-on-tensors, before bufferization; every linalg.batch_matmul with B stored
+// K x N is tiled (B stored N x K: batch-matmul-transposed-b.mlir).
 module attributes {transform.with_named_sequence} {
   // Peels the last, partial iteration of each loop into a loop of its own; a loop with no
   // partial iteration is left alone.
@@ -30,7 +31,10 @@ module attributes {transform.with_named_sequence} {
   }
 
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
-    %matmuls = transform.structured.match ops{["linalg.batch_matmul"]} in %root
+    %matmuls = transform.structured.match ops{["linalg.batch_matmul"]}
+        attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
+                                    affine_map<(b, m, n, k) -> (b, k, n)>,
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %root
       : (!transform.any_op) -> !transform.any_op
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
@@ -39,8 +43,19 @@ module attributes {transform.with_named_sequence} {
         tile_sizes [1, $block_m, $block_n]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     // L1 level: K blocks.
-    %panels, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, $block_k]
+    %kblocks, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, $block_k]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // A block larger than its matrix (M under block_m, K under block_k) has sizes
+    // min(block, rest): folded to constants here (a loop of one iteration goes), else every
+    // tile below would have dynamic sizes and vectorize masked.
+    transform.apply_patterns to %func {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %panels = transform.structured.match ops{["linalg.batch_matmul"]}
+        attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
+                                    affine_map<(b, m, n, k) -> (b, k, n)>,
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %func
+      : (!transform.any_op) -> !transform.any_op
     // Register level: one reg_m x reg_n tile per step of k.
     %tile, %loops:4 = transform.structured.tile_using_for %panels tile_sizes [1, $reg_m, $reg_n, 1]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
@@ -49,7 +64,10 @@ module attributes {transform.with_named_sequence} {
     // full or partial, vectorized.
     transform.include @peel failures(propagate) (%loops#2) : (!transform.any_op) -> ()
     transform.include @peel failures(propagate) (%loops#1) : (!transform.any_op) -> ()
-    %tiles = transform.structured.match ops{["linalg.batch_matmul"]} in %func
+    %tiles = transform.structured.match ops{["linalg.batch_matmul"]}
+        attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
+                                    affine_map<(b, m, n, k) -> (b, k, n)>,
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles : !transform.any_op {
     ^bb0(%one: !transform.any_op):

@@ -51,8 +51,19 @@ module attributes {transform.with_named_sequence} {
       transform.yield %block : !transform.any_op
     }
     // L1 level: K blocks.
-    %panels, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, $block_k]
+    %kblocks, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, $block_k]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // A block larger than its matrix (M under block_m, K under block_k) has sizes
+    // min(block, rest): folded to constants here (a loop of one iteration goes), else every
+    // tile below would have dynamic sizes and vectorize masked.
+    transform.apply_patterns to %func {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %panels = transform.structured.match ops{["linalg.matmul"]}
+        attributes{indexing_maps = [affine_map<(m, n, k) -> (m, k)>,
+                                    affine_map<(m, n, k) -> (k, n)>,
+                                    affine_map<(m, n, k) -> (m, n)>]} in %func
+      : (!transform.any_op) -> !transform.any_op
     // Register level: one reg_m x reg_n tile per step of k.
     %tile, %loops:3 = transform.structured.tile_using_for %panels tile_sizes [$reg_m, $reg_n, 1]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,

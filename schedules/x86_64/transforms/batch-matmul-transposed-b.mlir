@@ -1,0 +1,70 @@
+// Batched products of few rows with B stored N x K per matrix (attention's scores Q K^T, once
+// kbd-fold-transpose-into-batch-matmul has folded K's transpose into the product's maps): the
+// recipe of matmul-transposed-b.mlir per matrix. Each scf.forall iteration is one block of
+// $block_n rows of B of one matrix; in a block, $reg_n rows of B at a time meet $reg_m rows of
+// A, $width lanes of K per step, into $reg_m x $reg_n x $width partial sums kept in registers,
+// summed across lanes at the end of the row. Both operands are read along their contiguous K.
+// Variables: block_n (rows of B per block), reg_m, reg_n (register tile: reg_m * reg_n
+// accumulators of $width lanes), width (lanes per step, a multiple of the host's).
+// Other batched products (B stored K x N) are left to batch-matmul.mlir.
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %products = transform.structured.match ops{["linalg.batch_matmul"]}
+        attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
+                                    affine_map<(b, m, n, k) -> (b, n, k)>,
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %func = transform.structured.match ops{["func.func"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %products : !transform.any_op {
+    ^bb0(%product: !transform.any_op):
+      %init = transform.get_producer_of_operand %product[2]
+        : (!transform.any_op) -> !transform.any_op
+      %block, %forall = transform.structured.tile_using_forall %product
+          tile_sizes [1, 0, $block_n]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.structured.fuse_into_containing_op %init into %forall
+        : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+    }
+    // Blocks larger than their matrix (N under block_n) have sizes min(block, rest): folded to
+    // constants, else every tile below would have dynamic sizes.
+    transform.apply_patterns to %func {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %blocks = transform.structured.match ops{["linalg.batch_matmul"]}
+        attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
+                                    affine_map<(b, m, n, k) -> (b, n, k)>,
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %func
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %blocks : !transform.any_op {
+    ^bb0(%block: !transform.any_op):
+      // Rows of B outer, rows of A inner: B's rows are reused from L1 by every row block of A.
+      %columns, %nloop = transform.structured.tile_using_for %block tile_sizes [0, 0, $reg_n]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      %tile, %mloop = transform.structured.tile_using_for %columns tile_sizes [0, $reg_m, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      %fill, %partial, %combine, %kloop = transform.structured.tile_reduction_using_for %tile
+          by tile_sizes = [0, 0, 0, $width]
+        : (!transform.any_op)
+        -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+      transform.structured.vectorize %partial vector_sizes [1, $reg_m, $reg_n, $width]
+        : !transform.any_op
+      transform.structured.vectorize %combine vector_sizes [1, $reg_m, $reg_n, $width]
+        : !transform.any_op
+    }
+    // Keep the partial sums in registers across the K loop.
+    %loops = transform.structured.match interface{LoopLikeInterface} in %func
+      : (!transform.any_op) -> !transform.any_op
+    transform.apply_licm to %loops : !transform.any_op
+    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
+    transform.apply_patterns to %func {
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+      transform.apply_patterns.vector.multi_reduction_flattening lowering_strategy = "innerreduction"
+      transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
+      : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}
