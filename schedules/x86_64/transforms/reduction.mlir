@@ -130,7 +130,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
             transform.match.structured.dim %s[0, 2] {parallel} : !transform.any_op
             transform.match.structured.dim %s[1] {reduction} : !transform.any_op
@@ -163,7 +164,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
             transform.match.structured.dim %s[0, 2, 3] {parallel} : !transform.any_op
             transform.match.structured.dim %s[1] {reduction} : !transform.any_op
@@ -199,7 +201,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank2 : !transform.param<i64>
             transform.match.structured.dim %s[0] {parallel} : !transform.any_op
             transform.match.structured.dim %s[1] {reduction} : !transform.any_op
@@ -230,7 +233,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
             transform.match.structured.dim %s[-1] {reduction} : !transform.any_op
             transform.match.structured.dim %s[except(-1)] {parallel} : !transform.any_op
@@ -262,7 +266,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
             transform.match.structured.dim %s[-1] {reduction} : !transform.any_op
             transform.match.structured.dim %s[except(-1)] {parallel} : !transform.any_op
@@ -297,7 +302,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank4 : !transform.param<i64>
             transform.match.structured.dim %s[all] {parallel} : !transform.any_op
             transform.match.structured.yield %s : !transform.any_op
@@ -328,7 +334,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank3 : !transform.param<i64>
             transform.match.structured.dim %s[all] {parallel} : !transform.any_op
             transform.match.structured.yield %s : !transform.any_op
@@ -356,7 +363,8 @@ module attributes {transform.with_named_sequence} {
           %m = transform.match.structured failures(propagate) %candidate
               : (!transform.any_op) -> !transform.any_op {
           ^bb2(%s: !transform.any_op):
-            %rank = transform.match.structured.rank %s : (!transform.any_op) -> !transform.param<i64>
+            %rank = transform.match.structured.rank %s
+              : (!transform.any_op) -> !transform.param<i64>
             transform.match.param.cmpi eq %rank, %rank2 : !transform.param<i64>
             transform.match.structured.dim %s[all] {parallel} : !transform.any_op
             transform.match.structured.yield %s : !transform.any_op
