@@ -124,8 +124,8 @@ _LOG_POLYNOMIAL = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.242014
 def polynomial_log(module: ir.Module) -> int:
     """Replace each `math.log` of an f32 vector by log(2^e m) = e log 2 + log(m), m from the
     bits of x in [sqrt(1/2), sqrt(2)) and log(m) a polynomial (the `kbd-polynomial-log`
-    stage); returns how many were replaced. 0 gives -inf, a negative x or NaN NaN, inf inf;
-    subnormal inputs are taken as their normal neighbours (off by their missing leading bits).
+    stage); returns how many were replaced. 0 gives -inf, a negative x or NaN NaN, inf inf,
+    and subnormals are scaled into the normal range first.
     Without it each lane is a call of libm's logf (Softplus, KL divergence). A vector
     `math.log1p` becomes such a log first, as log(u) (x / (u - 1)) with u = 1 + x (exact where u
     rounds to 1), which keeps log1p's precision near 0."""
@@ -179,9 +179,13 @@ def _expand_log(op) -> None:
             attribute = ir.IntegerAttr.get(i32, value)
             return arith.constant(ints, ir.DenseElementsAttr.get_splat(ints, attribute))
 
-        bits = arith.bitcast(ints, x)
+        # Subnormals (exponent field 0) scaled into the normal range first, 2^23 taken back.
+        subnormal = arith.cmpf(arith.CmpFPredicate.OLT, x, const(1.17549435e-38))
+        scaled = arith.select(subnormal, arith.mulf(x, const(2.0**23)), x)
+        bits = arith.bitcast(ints, scaled)
         # x = 2^e m with m in [1/2, 1): the exponent field, then the mantissa with exponent -1
         e = arith.sitofp(floats, arith.subi(arith.shrui(bits, integer(23)), integer(126)))
+        e = arith.addf(e, arith.select(subnormal, const(-23.0), const(0.0)))
         m = arith.bitcast(
             floats, arith.ori(arith.andi(bits, integer(0x007FFFFF)), integer(0x3F000000))
         )
