@@ -973,3 +973,27 @@ def test_a_flattened_result_is_computed_in_its_out_param():
     output = np.zeros(out_types[0].dims, np.float32)
     mlir.Compiled(module, 2, openmp=True)([output, *ingress.buffers_from_args([x])])
     np.testing.assert_array_equal(output, torch.relu(x).numpy())
+
+
+class Masked(torch.nn.Module):
+    def forward(self, x, mask):
+        return x * mask, mask & (x > 0)
+
+
+def test_bool_buffers_are_bytes_under_vectorized_code():
+    """A bool input or result is a buffer of bytes (as numpy and torch store it), converted to
+    and from i1 inside: read as a vector of i1 it would be 16 bools packed into 2 bytes."""
+    path = SCHEDULES / "x86_64" / "element_wise" / "f32.yaml"
+    torch.manual_seed(0)
+    args = [torch.randn(4, 64), torch.rand(4, 64) < 0.5]
+    module = mlir.import_model(Masked(), args)
+    out_types, in_types = mlir.results_to_out_params(module)
+    assert [t.dtype for t in out_types] == ["f32", "i1"] and in_types[1].dtype == "i1"
+    assert "memref<4x64xi8>" in str(module)
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+    outputs = [np.zeros(t.dims, ingress.NUMPY_DTYPES[t.dtype]) for t in out_types]
+    mlir.Compiled(module, 2, openmp=True)([*outputs, *ingress.buffers_from_args(args)])
+    for got, expected in zip(outputs, Masked()(*args), strict=True):
+        np.testing.assert_array_equal(got, expected.numpy())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_mlir import ir
-from torch_mlir.dialects import bufferization, func
+from torch_mlir.dialects import arith, bufferization, func, linalg, tensor
 
 ENTRY = "main"
 CIFACE_PREFIX = "_mlir_ciface_"  # the C interface of a function with llvm.emit_c_interface
@@ -30,6 +30,10 @@ def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[Buf
     `bufferization.materialize_in_destination` into its out-param, and the function gets
     `llvm.emit_c_interface` so it can be called through the packed C interface.
     Returns the (outputs, inputs) buffer types in call order.
+
+    A bool tensor's buffer is `i8`, one byte per element as numpy and torch store it, converted
+    to and from `i1` inside: in memory LLVM packs a vector of i1 into bits, so a vectorized
+    read of an i1 buffer would take 16 bools from 2 bytes.
     """
     with module.context, ir.Location.unknown():
         old = _find_function(module, ENTRY)
@@ -44,16 +48,18 @@ def results_to_out_params(module: ir.Module) -> tuple[list[BufferType], list[Buf
         old_block = old.entry_block
         with ir.InsertionPoint(block):
             for i, arg in enumerate(old_block.arguments):
+                stored = _tensor_type(memrefs[len(results) + i])
                 tensor = bufferization.to_tensor(
-                    inputs[i], block.arguments[len(results) + i], restrict=True
+                    stored, block.arguments[len(results) + i], restrict=True
                 )
-                arg.replace_all_uses_with(tensor)
+                arg.replace_all_uses_with(_converted(tensor, inputs[i]))
         for op in list(old_block.operations):
             if op.name == "func.return":
                 with ir.InsertionPoint(block):
                     for j, value in enumerate(op.operands):
+                        stored = _converted(value, _tensor_type(memrefs[j]))
                         bufferization.materialize_in_destination(
-                            None, value, block.arguments[j], restrict=True, writable=True
+                            None, stored, block.arguments[j], restrict=True, writable=True
                         )
                     func.ReturnOp([])
                 op.erase()
@@ -177,8 +183,46 @@ def _before(op) -> ir.InsertionPoint:
 
 
 def _memref_type(tensor_type) -> ir.MemRefType:
+    """The buffer of a tensor: of its element type, bytes for bools."""
     t = ir.RankedTensorType(tensor_type)
-    return ir.MemRefType.get(t.shape, t.element_type)
+    element = t.element_type
+    if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1:
+        element = ir.IntegerType.get_signless(8)
+    return ir.MemRefType.get(t.shape, element)
+
+
+def _tensor_type(memref_type) -> ir.RankedTensorType:
+    m = ir.MemRefType(memref_type)
+    return ir.RankedTensorType.get(m.shape, m.element_type)
+
+
+def _converted(value: ir.Value, to_type) -> ir.Value:
+    """`value` as a tensor of `to_type`'s element type: itself when it has it, else i1 <-> i8
+    element by element (a bool byte is 0 or 1)."""
+    to_type = ir.RankedTensorType(to_type)
+    from_type = ir.RankedTensorType(value.type)
+    if from_type.element_type == to_type.element_type:
+        return value
+    rank = from_type.rank
+    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    init = tensor.empty(to_type.shape, to_type.element_type)
+    generic = linalg.GenericOp(
+        [to_type],
+        [value],
+        [init],
+        ir.ArrayAttr.get([identity, identity]),
+        ir.ArrayAttr.get([parallel] * rank),
+    )
+    body = generic.regions[0].blocks.append(from_type.element_type, to_type.element_type)
+    with ir.InsertionPoint(body):
+        element = body.arguments[0]
+        if ir.IntegerType(to_type.element_type).width == 1:
+            converted = arith.trunci(to_type.element_type, element)
+        else:
+            converted = arith.extui(to_type.element_type, element)
+        linalg.YieldOp([converted])
+    return generic.results[0]
 
 
 def _buffer_type(tensor_type) -> BufferType:
