@@ -843,62 +843,55 @@ def test_a_softmax_kernel_with_two_block_loops_passes_with_its_schedule(family_r
     assert len(blocks) == 2 and all("vector.reduction" in block for block in blocks)
 
 
-class Exp(torch.nn.Module):
+class Elementwise(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
     def forward(self, x):
-        return torch.exp(x)
+        return self.function(x)
+
+
+def vector_math(function, x: torch.Tensor, stage: str, op: str) -> np.ndarray | None:
+    """`function` of x lowered by the element-wise schedule, whose `stage` leaves no `op`
+    (checked), then run (None off x86_64)."""
+    path = SCHEDULES / "x86_64" / "element_wise" / "f32.yaml"
+    module = mlir.import_model(Elementwise(function), [x])
+    out_types, _ = mlir.results_to_out_params(module)
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    for each in stages:
+        mlir.apply_stage(module, each)
+        if each.text == stage:
+            assert op not in str(module)
+    if ARCH != "x86_64":
+        return None
+    output = np.zeros(out_types[0].dims, np.float32)
+    mlir.Compiled(module, 3, openmp=True)([output, *ingress.buffers_from_args([x])])
+    return output
 
 
 def test_vector_exp_is_a_polynomial_accurate_over_the_whole_range():
     """kbd-polynomial-exp (in every x86_64 family schedule): no libm call per lane, results
     within a few ulp of eager, 0 and inf at the ends, NaN kept."""
     special = [-float("inf"), -200.0, -88.0, -87.0, -1e-7, 0.0, 1e-7, 0.5, 1.0, 88.5, 88.7]
-    values = torch.tensor(special + [89.0, float("inf"), float("nan")] + [0.0] * 2)  # 16 values
+    values = torch.tensor([*special, 89.0, float("inf"), float("nan"), 0.0, 0.0])  # 16 values
     x = torch.cat([values, torch.linspace(-80, 80, 4080)]).reshape(64, -1)
-    path = SCHEDULES / "x86_64" / "element_wise" / "f32.yaml"
-    module = mlir.import_model(Exp(), [x])
-    out_types, _ = mlir.results_to_out_params(module)
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        if stage.text == "kbd-polynomial-exp":
-            assert "math.exp" not in str(module)
-    if ARCH != "x86_64":
-        return
-    output = np.zeros(out_types[0].dims, np.float32)
-    mlir.Compiled(module, 3, openmp=True)([output, *ingress.buffers_from_args([x])])
-    expected = torch.exp(x).numpy()
-    np.testing.assert_allclose(output, expected, rtol=5e-7, atol=1e-37, equal_nan=True)
-
-
-class Erf(torch.nn.Module):
-    def forward(self, x):
-        return torch.erf(x)
+    output = vector_math(torch.exp, x, "kbd-polynomial-exp", "math.exp")
+    if output is not None:
+        expected = torch.exp(x).numpy()
+        np.testing.assert_allclose(output, expected, rtol=5e-7, atol=1e-37, equal_nan=True)
 
 
 def test_vector_erf_is_a_polynomial_accurate_over_the_whole_range():
     """kbd-polynomial-erf (in every x86_64 family schedule): no libm call per lane, results
     within 1e-6 of eager, +-1 at the ends, NaN kept."""
     special = [-float("inf"), -10.0, -3.0, -1e-7, 0.0, 1e-7, 0.5, 3.0, 10.0, float("inf")]
-    values = torch.tensor(special + [float("nan")] + [0.0] * 5)  # 16 values
+    values = torch.tensor([*special, float("nan"), 0.0, 0.0, 0.0, 0.0, 0.0])  # 16 values
     x = torch.cat([values, torch.linspace(-6, 6, 4080)]).reshape(64, -1)
-    path = SCHEDULES / "x86_64" / "element_wise" / "f32.yaml"
-    module = mlir.import_model(Erf(), [x])
-    out_types, _ = mlir.results_to_out_params(module)
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        if stage.text == "kbd-polynomial-erf":
-            assert "math.erf" not in str(module)
-    if ARCH != "x86_64":
-        return
-    output = np.zeros(out_types[0].dims, np.float32)
-    mlir.Compiled(module, 3, openmp=True)([output, *ingress.buffers_from_args([x])])
-    np.testing.assert_allclose(output, torch.erf(x).numpy(), rtol=0, atol=1e-6, equal_nan=True)
-
-
-class Log(torch.nn.Module):
-    def forward(self, x):
-        return torch.log(x)
+    output = vector_math(torch.erf, x, "kbd-polynomial-erf", "math.erf")
+    if output is not None:
+        expected = torch.erf(x).numpy()
+        np.testing.assert_allclose(output, expected, rtol=0, atol=1e-6, equal_nan=True)
 
 
 def test_vector_log_is_a_polynomial_accurate_over_the_whole_range():
@@ -907,25 +900,10 @@ def test_vector_log_is_a_polynomial_accurate_over_the_whole_range():
     special = [0.0, -0.0, -1.0, 1e-30, 1e-7, 0.5, 0.7071, 0.7072, 1.0, 2.0, 3e38, float("inf")]
     values = torch.tensor([*special, float("nan"), -float("inf"), 1e-40, 1e-44])  # subnormals
     x = torch.cat([values, torch.logspace(-37, 38, 4080)]).reshape(64, -1)
-    path = SCHEDULES / "x86_64" / "element_wise" / "f32.yaml"
-    module = mlir.import_model(Log(), [x])
-    out_types, _ = mlir.results_to_out_params(module)
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        if stage.text == "kbd-polynomial-log":
-            assert "math.log" not in str(module)
-    if ARCH != "x86_64":
-        return
-    output = np.zeros(out_types[0].dims, np.float32)
-    mlir.Compiled(module, 3, openmp=True)([output, *ingress.buffers_from_args([x])])
-    expected = torch.log(x).numpy()
-    np.testing.assert_allclose(output, expected, rtol=5e-7, atol=1e-7, equal_nan=True)
-
-
-class Log1p(torch.nn.Module):
-    def forward(self, x):
-        return torch.log1p(x)
+    output = vector_math(torch.log, x, "kbd-polynomial-log", "math.log")
+    if output is not None:
+        expected = torch.log(x).numpy()
+        np.testing.assert_allclose(output, expected, rtol=5e-7, atol=1e-7, equal_nan=True)
 
 
 def test_vector_log1p_keeps_its_precision_near_zero():
@@ -934,20 +912,10 @@ def test_vector_log1p_keeps_its_precision_near_zero():
     special = [-1.0, -2.0, -0.5, -1e-30, 0.0, 1e-30, 1e-10, 1e-6, 1e-3, 1.0, 3e38, float("inf")]
     values = torch.tensor([*special, float("nan"), 5.0, 6.0, 7.0])  # 16 values
     x = torch.cat([values, torch.logspace(-20, 20, 4080)]).reshape(64, -1)
-    path = SCHEDULES / "x86_64" / "element_wise" / "f32.yaml"
-    module = mlir.import_model(Log1p(), [x])
-    out_types, _ = mlir.results_to_out_params(module)
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        if stage.text == "kbd-polynomial-log":
-            assert "math.log" not in str(module)
-    if ARCH != "x86_64":
-        return
-    output = np.zeros(out_types[0].dims, np.float32)
-    mlir.Compiled(module, 3, openmp=True)([output, *ingress.buffers_from_args([x])])
-    expected = torch.log1p(x).numpy()
-    np.testing.assert_allclose(output, expected, rtol=1e-6, atol=0, equal_nan=True)
+    output = vector_math(torch.log1p, x, "kbd-polynomial-log", "math.log")
+    if output is not None:
+        expected = torch.log1p(x).numpy()
+        np.testing.assert_allclose(output, expected, rtol=1e-6, atol=0, equal_nan=True)
 
 
 class Relu(torch.nn.Module):

@@ -24,16 +24,31 @@ _EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.16657958
                    1.6666665459e-1, 5.0000001201e-1)  # fmt: skip
 
 
+def _f32_vector_ops(module: ir.Module, name: str) -> list:
+    """Every op called `name` whose operand is a vector of f32 (the polynomial rewrites')."""
+    return [
+        op
+        for op in ops_named(module, name)
+        if isinstance(op.operands[0].type, ir.VectorType)
+        and isinstance(op.operands[0].type.element_type, ir.F32Type)
+    ]
+
+
+def _splat(vector_type, value: float | int) -> ir.Value:
+    """A constant vector of `vector_type` with every lane `value` (f32 or i32 lanes)."""
+    element = ir.VectorType(vector_type).element_type
+    if isinstance(value, float):
+        attribute = ir.FloatAttr.get(element, value)
+    else:
+        attribute = ir.IntegerAttr.get(element, value)
+    return arith.constant(vector_type, ir.DenseElementsAttr.get_splat(vector_type, attribute))
+
+
 def polynomial_exp(module: ir.Module) -> int:
     """Replace each `math.exp` of an f32 vector by a polynomial in vector arithmetic (the
     `kbd-polynomial-exp` stage); returns how many were replaced."""
     with module.context, ir.Location.unknown():
-        found = [
-            op
-            for op in ops_named(module, "math.exp")
-            if isinstance(op.operands[0].type, ir.VectorType)
-            and isinstance(op.operands[0].type.element_type, ir.F32Type)
-        ]
+        found = _f32_vector_ops(module, "math.exp")
         for op in found:
             _expand_exp(op)
     return len(found)
@@ -45,13 +60,8 @@ def _expand_exp(op) -> None:
     ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
     with ir.InsertionPoint(op), op.location:
 
-        def splat(vector_type, attribute):
-            return arith.constant(
-                vector_type, ir.DenseElementsAttr.get_splat(vector_type, attribute)
-            )
-
         def const(value: float):
-            return splat(floats, ir.FloatAttr.get(ir.F32Type.get(), value))
+            return _splat(floats, float(value))
 
         given = x
         x = arith.maximumf(arith.minimumf(x, const(_EXP_HIGH)), const(_EXP_LOW))
@@ -63,11 +73,8 @@ def _expand_exp(op) -> None:
         for coefficient in _EXP_POLYNOMIAL[1:]:
             p = math_dialect.fma(p, r, const(coefficient))
         p = arith.addf(math_dialect.fma(p, arith.mulf(r, r), r), const(1.0))
-        i32 = ir.IntegerType.get_signless(32)
-        exponent = arith.addi(arith.fptosi(ints, n), splat(ints, ir.IntegerAttr.get(i32, 127)))
-        scale = arith.bitcast(
-            floats, arith.shli(exponent, splat(ints, ir.IntegerAttr.get(i32, 23)))
-        )
+        exponent = arith.addi(arith.fptosi(ints, n), _splat(ints, 127))
+        scale = arith.bitcast(floats, arith.shli(exponent, _splat(ints, 23)))
         overflow = arith.cmpf(arith.CmpFPredicate.OGT, given, const(_EXP_HIGH))
         result = arith.select(overflow, const(float("inf")), arith.mulf(p, scale))
     op.results[0].replace_all_uses_with(result)
@@ -86,20 +93,14 @@ def polynomial_erf(module: ir.Module) -> int:
     `kbd-polynomial-exp`, which expands that exp); returns how many were replaced. Without it
     each lane is a call of libm's erff (GELU)."""
     with module.context, ir.Location.unknown():
-        found = [
-            op
-            for op in ops_named(module, "math.erf")
-            if isinstance(op.operands[0].type, ir.VectorType)
-            and isinstance(op.operands[0].type.element_type, ir.F32Type)
-        ]
+        found = _f32_vector_ops(module, "math.erf")
         for op in found:
             x = op.operands[0]
             floats = ir.VectorType(x.type)
             with ir.InsertionPoint(op), op.location:
 
                 def const(value: float, floats=floats):
-                    attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
-                    return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+                    return _splat(floats, float(value))
 
                 a = math_dialect.absf(x)
                 t = arith.divf(const(1.0), math_dialect.fma(a, const(0.5), const(1.0)))
@@ -130,17 +131,9 @@ def polynomial_log(module: ir.Module) -> int:
     `math.log1p` becomes such a log first, as log(u) (x / (u - 1)) with u = 1 + x (exact where u
     rounds to 1), which keeps log1p's precision near 0."""
     with module.context, ir.Location.unknown():
-        for op in ops_named(module, "math.log1p"):
-            if isinstance(op.operands[0].type, ir.VectorType) and isinstance(
-                op.operands[0].type.element_type, ir.F32Type
-            ):
-                _log1p_as_log(op)
-        found = [
-            op
-            for op in ops_named(module, "math.log")
-            if isinstance(op.operands[0].type, ir.VectorType)
-            and isinstance(op.operands[0].type.element_type, ir.F32Type)
-        ]
+        for op in _f32_vector_ops(module, "math.log1p"):
+            _log1p_as_log(op)
+        found = _f32_vector_ops(module, "math.log")
         for op in found:
             _expand_log(op)
     return len(found)
@@ -152,8 +145,7 @@ def _log1p_as_log(op) -> None:
     with ir.InsertionPoint(op), op.location:
 
         def const(value: float):
-            attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
-            return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+            return _splat(floats, float(value))
 
         u = arith.addf(const(1.0), x)
         scaled = arith.mulf(math_dialect.log(u), arith.divf(x, arith.subf(u, const(1.0))))
@@ -168,16 +160,13 @@ def _expand_log(op) -> None:
     x = op.operands[0]
     floats = ir.VectorType(x.type)
     ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
-    i32 = ir.IntegerType.get_signless(32)
     with ir.InsertionPoint(op), op.location:
 
         def const(value: float):
-            attribute = ir.FloatAttr.get(ir.F32Type.get(), value)
-            return arith.constant(floats, ir.DenseElementsAttr.get_splat(floats, attribute))
+            return _splat(floats, float(value))
 
         def integer(value: int):
-            attribute = ir.IntegerAttr.get(i32, value)
-            return arith.constant(ints, ir.DenseElementsAttr.get_splat(ints, attribute))
+            return _splat(ints, value)
 
         # Subnormals (exponent field 0) scaled into the normal range first, 2^23 taken back.
         subnormal = arith.cmpf(arith.CmpFPredicate.OLT, x, const(1.17549435e-38))
