@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, memref, tensor, vector
 from torch_mlir.dialects import math as math_dialect
@@ -59,9 +61,7 @@ def _expand_exp(op) -> None:
     floats = ir.VectorType(x.type)
     ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
     with ir.InsertionPoint(op), op.location:
-
-        def const(value: float):
-            return _splat(floats, float(value))
+        const = functools.partial(_splat, floats)
 
         given = x
         x = arith.maximumf(arith.minimumf(x, const(_EXP_HIGH)), const(_EXP_LOW))
@@ -95,24 +95,23 @@ def polynomial_erf(module: ir.Module) -> int:
     with module.context, ir.Location.unknown():
         found = _f32_vector_ops(module, "math.erf")
         for op in found:
-            x = op.operands[0]
-            floats = ir.VectorType(x.type)
-            with ir.InsertionPoint(op), op.location:
-
-                def const(value: float, floats=floats):
-                    return _splat(floats, float(value))
-
-                a = math_dialect.absf(x)
-                t = arith.divf(const(1.0), math_dialect.fma(a, const(0.5), const(1.0)))
-                p = const(_ERFC_POLYNOMIAL[-1])
-                for coefficient in reversed(_ERFC_POLYNOMIAL[:-1]):
-                    p = math_dialect.fma(p, t, const(coefficient))
-                exponent = arith.subf(p, arith.mulf(a, a))
-                erfc = arith.mulf(t, math_dialect.exp(exponent))
-                result = math_dialect.copysign(arith.subf(const(1.0), erfc), x)
-            op.results[0].replace_all_uses_with(result)
-            op.erase()
+            _expand_erf(op)
     return len(found)
+
+
+def _expand_erf(op) -> None:
+    x = op.operands[0]
+    const = functools.partial(_splat, ir.VectorType(x.type))
+    with ir.InsertionPoint(op), op.location:
+        a = math_dialect.absf(x)
+        t = arith.divf(const(1.0), math_dialect.fma(a, const(0.5), const(1.0)))
+        p = const(_ERFC_POLYNOMIAL[-1])
+        for coefficient in reversed(_ERFC_POLYNOMIAL[:-1]):
+            p = math_dialect.fma(p, t, const(coefficient))
+        erfc = arith.mulf(t, math_dialect.exp(arith.subf(p, arith.mulf(a, a))))
+        result = math_dialect.copysign(arith.subf(const(1.0), erfc), x)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
 
 
 # log(1 + m) = m - m^2/2 + m^3 P(m) for m in [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes' logf, a few
@@ -143,9 +142,7 @@ def _log1p_as_log(op) -> None:
     x = op.operands[0]
     floats = ir.VectorType(x.type)
     with ir.InsertionPoint(op), op.location:
-
-        def const(value: float):
-            return _splat(floats, float(value))
+        const = functools.partial(_splat, floats)
 
         u = arith.addf(const(1.0), x)
         scaled = arith.mulf(math_dialect.log(u), arith.divf(x, arith.subf(u, const(1.0))))
@@ -161,12 +158,9 @@ def _expand_log(op) -> None:
     floats = ir.VectorType(x.type)
     ints = ir.VectorType.get(floats.shape, ir.IntegerType.get_signless(32))
     with ir.InsertionPoint(op), op.location:
+        const = functools.partial(_splat, floats)
 
-        def const(value: float):
-            return _splat(floats, float(value))
-
-        def integer(value: int):
-            return _splat(ints, value)
+        integer = functools.partial(_splat, ints)
 
         # Subnormals (exponent field 0) scaled into the normal range first, 2^23 taken back.
         subnormal = arith.cmpf(arith.CmpFPredicate.OLT, x, const(1.17549435e-38))
