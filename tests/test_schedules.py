@@ -390,6 +390,24 @@ CASES = {
         (functools.partial(Conv3d, (4, 2, 3, 1, 3), dilation=(2, 1, 1)), [(1, 2, 9, 5, 20)]),
         (functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2), [(1, 4, 3, 5, 6)]),
         (functools.partial(Conv3d, (6, 2, 1, 3, 3), groups=2), [(1, 4, 3, 6, 10)]),
+        # kbd.worker.transposed_convs: by phases (8 of a 3x3x3 kernel at stride 2, each split
+        # into its 2 groups); by phases of which some have no tap (dilation 2 at stride 2)
+        (
+            functools.partial(
+                Conv3d,
+                (4, 3, 3, 3, 3),
+                transposed=True,
+                groups=2,
+                stride=2,
+                padding=1,
+                output_padding=1,
+            ),
+            [(1, 4, 3, 4, 5)],
+        ),
+        (
+            functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2, dilation=2),
+            [(1, 4, 3, 4, 5)],
+        ),
     ],
     "pooling": [  # kbd-poolings-as-taps, then pooling.mlir
         (pool(kernel_size=8, stride=1, padding=4, dilation=3), [(2, 3, 70)]),

@@ -11,7 +11,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch_mlir import fx, ir
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-from kbd.worker import decompositions, low_precision, norms
+from kbd.worker import decompositions, low_precision, norms, transposed_convs
 from kbd.worker.mlir import scans
 
 MUTATED_INPUTS = "kbd.mutated_inputs"  # module attribute: positions of inputs the entry writes
@@ -24,9 +24,11 @@ def import_model(model, args: Sequence) -> ir.Module:
 
 
 def decomposition_table() -> dict:
-    """What import applies: torch-mlir's decompositions, kbd's (kbd.worker.decompositions and
-    kbd.worker.norms), and f32 accumulation for bf16 and f16 (kbd.worker.low_precision)."""
-    return low_precision.wrap({**get_decomposition_table(), **decompositions.TABLE, **norms.TABLE})
+    """What import applies: torch-mlir's decompositions, kbd's (kbd.worker.decompositions,
+    kbd.worker.norms and kbd.worker.transposed_convs), and f32 accumulation for bf16 and f16
+    (kbd.worker.low_precision)."""
+    kbd_tables = {**decompositions.TABLE, **norms.TABLE, **transposed_convs.TABLE}
+    return low_precision.wrap({**get_decomposition_table(), **kbd_tables})
 
 
 def import_program(program: torch.export.ExportedProgram) -> ir.Module:

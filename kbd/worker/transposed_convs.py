@@ -1,0 +1,199 @@
+"""Strided transposed convolutions as stride-1 ones over the output's phases, and grouped 3-D
+convolutions as one convolution per group, applied at import (with kbd.worker.decompositions).
+
+torch-mlir lowers a transposed convolution of stride s into a stride-1 convolution over the
+input "zero-stuffed" (s - 1 zeros between neighbours, per spatial dim): s^d times the work, of
+which all but one part in s^d multiplies zeros (8x in 3-D at stride 2). Here, per spatial dim,
+a transposed convolution writes full-output position t = i * s + k * d (input i, kernel index
+k, dilation d). Positions of one phase r = t mod s receive only the taps with k * d = r
+(mod s): with g = gcd(d, s), the taps k0, k0 + s/g, k0 + 2 s/g, ... (k0 the first such k), at
+offsets j = (k * d - r) / s = j0, j0 + d/g, ... So phase r is T_r[q] = sum_m x[q - j0 - m d/g]
+w[k0 + m s/g]: a transposed convolution of stride 1, dilation d/g and kernel w[k0 :: s/g],
+shifted by j0. Output position o is full position o + padding; the phases partition the
+output, each one written as a strided slice (o = q * s + r - padding), and a phase with no tap
+(a kernel smaller than the stride) holds the bias alone. Each phase's convolution is then an
+ordinary stride-1 convolution for the conv2d and conv3d schedules; the price is one copy of
+the output (each phase's result into its slice).
+
+torch-mlir lowers a grouped 3-D convolution to a `linalg.generic`, which no convolution
+schedule matches; split into its groups (each a `linalg.conv_3d_ncdhw_fcdhw`) and concatenated
+along channels, it takes the conv3d schedule. Depthwise convolutions (one input channel per
+group) are left alone: a group each would be thousands of tiny convolutions.
+
+Cases these do not cover return NotImplemented (torch-mlir's lowering then applies).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of one spatial dim of a strided transposed convolution."""
+
+    taps: slice  # the kernel indices it uses: k0, k0 + s/g, ...
+    dilation: int  # between its taps, in input positions
+    start: int  # its first output position (o = start + n * stride)
+    count: int  # its output positions
+    first: int  # the sub-convolution's output index of output position `start`
+
+
+def phases(size: int, kernel: int, stride: int, padding: int, dilation: int, out: int):
+    """The phases of one spatial dim: input size, kernel size, stride, padding and dilation of
+    the transposed convolution and its output size; a phase with no tap is None."""
+    common = math.gcd(dilation, stride)
+    found = []
+    for r in range(stride):
+        first_tap = next((k for k in range(kernel) if (k * dilation - r) % stride == 0), None)
+        q_start = -((r - padding) // stride)  # ceil((padding - r) / stride), never negative
+        start = q_start * stride + r - padding
+        count = len(range(start, out, stride))
+        if first_tap is None or count == 0:
+            found.append(None if count == 0 else Phase(slice(0, 0), 1, start, count, 0))
+            continue
+        offset = (first_tap * dilation - r) // stride  # j0: T_r[q] = sub[q - j0]
+        found.append(
+            Phase(
+                taps=slice(first_tap, kernel, stride // common),
+                dilation=dilation // common,
+                start=start,
+                count=count,
+                first=q_start - offset,
+            )
+        )
+    return found
+
+
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution: strided transposed ones by phases, grouped 3-D ones by groups."""
+    spatial = weight.dim() - 2
+    if x.dim() != spatial + 2 or not x.dtype.is_floating_point or x.numel() == 0:
+        return NotImplemented
+    if transposed and any(s > 1 for s in stride):
+        return _transposed_by_phases(
+            x, weight, bias, stride, padding, dilation, output_padding, groups
+        )
+    if spatial == 3 and groups > 1 and x.shape[1] != groups:
+        return _by_groups(
+            x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+        )
+    return NotImplemented
+
+
+def _by_groups(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    inputs = x.shape[1] // groups
+    # The weight is [out, in / groups, ...], or [in, out / groups, ...] when transposed.
+    per_weight = weight.shape[0] // groups
+    outputs = weight.shape[1] if transposed else per_weight
+    parts = []
+    for g in range(groups):
+        parts.append(
+            aten.convolution(
+                x[:, g * inputs : (g + 1) * inputs],
+                weight[g * per_weight : (g + 1) * per_weight],
+                None if bias is None else bias[g * outputs : (g + 1) * outputs],
+                stride,
+                padding,
+                dilation,
+                transposed,
+                output_padding,
+                1,
+            )
+        )
+    return torch.cat(parts, 1)
+
+
+def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_padding, groups):
+    spatial = weight.dim() - 2
+    sizes = x.shape[2:]
+    kernels = weight.shape[2:]
+    outs = [
+        (n - 1) * s - 2 * p + d * (k - 1) + op + 1
+        for n, s, p, d, k, op in zip(
+            sizes, stride, padding, dilation, kernels, output_padding, strict=True
+        )
+    ]
+    if any(o <= 0 for o in outs):
+        return NotImplemented
+    per_dim = [
+        phases(n, k, s, p, d, o)
+        for n, k, s, p, d, o in zip(sizes, kernels, stride, padding, dilation, outs, strict=True)
+    ]
+    channels = weight.shape[1] * groups
+    result = x.new_empty([x.shape[0], channels, *outs])
+    for combination in itertools.product(*per_dim):
+        if any(phase is None for phase in combination):
+            continue  # no output position in this phase
+        part = _phase(x, weight, bias, combination, groups, channels)
+        result = _scatter(result, part, combination, stride, spatial)
+    return result
+
+
+def _phase(x, weight, bias, combination, groups, channels):
+    """One phase's output: [N, channels, count...]."""
+    if any(phase.taps.stop == phase.taps.start for phase in combination):
+        shape = [x.shape[0], channels, *(phase.count for phase in combination)]
+        filled = x.new_zeros(shape)
+        return filled if bias is None else filled + bias.reshape(channels, *[1] * len(shape[2:]))
+    index = (slice(None), slice(None), *(phase.taps for phase in combination))
+    # Rows first .. first + count of the sub-convolution, zeros where they fall outside it
+    # (then the bias is added after the padding, which must hold it too).
+    padded = any(
+        phase.first < 0 or phase.first + phase.count > length
+        for phase, length in zip(combination, _sub_sizes(x, weight, combination), strict=True)
+    )
+    spatial = len(combination)
+    sub = aten.convolution(
+        x,
+        weight[index],
+        None if padded else bias,
+        [1] * spatial,
+        [0] * spatial,
+        [phase.dilation for phase in combination],
+        True,
+        [0] * spatial,
+        groups,
+    )
+    for dim, phase in enumerate(combination, start=2):
+        before = max(0, -phase.first)
+        after = max(0, phase.first + phase.count - sub.shape[dim])
+        if before or after:
+            sub = torch.nn.functional.pad(sub, [0, 0] * (sub.dim() - dim - 1) + [before, after])
+        sub = sub.narrow(dim, phase.first + before, phase.count)
+    if padded and bias is not None:
+        sub = sub + bias.reshape(channels, *[1] * spatial)
+    return sub
+
+
+def _sub_sizes(x, weight, combination):
+    """The spatial sizes of a phase's sub-convolution (stride 1, no padding)."""
+    return [
+        n + phase.dilation * (len(range(k)[phase.taps]) - 1)
+        for n, k, phase in zip(x.shape[2:], weight.shape[2:], combination, strict=True)
+    ]
+
+
+def _scatter(result, part, combination, stride, spatial):
+    """`result` with `part` written at its phase's positions (a strided slice per dim)."""
+
+    def write(target, value, dim):
+        phase = combination[dim - 2]
+        end = phase.start + (phase.count - 1) * stride[dim - 2] + 1
+        if dim == spatial + 1:
+            inner = value
+        else:
+            view = aten.slice(target, dim, phase.start, end, stride[dim - 2])
+            inner = write(view, value, dim + 1)
+        return aten.slice_scatter(target, inner, dim, phase.start, end, stride[dim - 2])
+
+    return write(result, part, 2)
+
+
+TABLE = {aten.convolution.default: convolution}
