@@ -313,6 +313,21 @@ class TwoConvs(torch.nn.Module):
         return self.second(torch.relu(self.first(x)))
 
 
+class ConvEpilogue(torch.nn.Module):
+    """A convolution (2-D or 3-D by the input's rank) and level 2's kind of epilogue: a bias of
+    one value per channel, GELU (erf), sigmoid (exp), a scaling and a clamp."""
+
+    def __init__(self, spatial=3):
+        super().__init__()
+        self.conv = Conv3d((6, 3, 3, 3, 3)) if spatial == 3 else Conv((6, 3, 3, 3))
+        generator = torch.Generator().manual_seed(2)
+        self.register_buffer("bias", torch.randn(6, *[1] * spatial, generator=generator))
+
+    def forward(self, x):
+        y = F.gelu(self.conv(x)) + self.bias
+        return torch.clamp(torch.sigmoid(y) * 2.0 * y, -1.0, 1.0)
+
+
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [
@@ -363,6 +378,7 @@ CASES = {
         ),
         (functools.partial(Conv, (4, 5, 3, 3), transposed=True, stride=2), [(1, 4, 7, 9)]),
         (TwoConvs, [(2, 3, 10, 21)]),
+        (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
         (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
         (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
@@ -383,6 +399,7 @@ CASES = {
     ],
     "conv3d": [  # kbd-conv3d-as-conv2d, then the conv2d schedule
         (Conv3d, [(2, 3, 5, 9, 12)]),
+        (ConvEpilogue, [(2, 3, 5, 9, 12)]),  # its transposes and epilogue: epilogues.yaml
         (
             functools.partial(Conv3d, (6, 4, 3, 3, 3), padding=1, stride=(2, 1, 2)),
             [(1, 4, 7, 9, 17)],
@@ -770,6 +787,33 @@ def test_a_depthwise_convolution_becomes_a_vectorized_sum_over_its_taps():
             break
     else:
         raise AssertionError("the conv2d schedule has no depthwise.mlir stage")
+
+
+def test_a_convolutions_epilogue_and_copies_become_vector_code_in_parallel_rows():
+    """After the conv3d schedule, its output's transpose and epilogue (bias, GELU, sigmoid,
+    scaling, clamp) are one fused generic, marked kbd.rank like the copies around the
+    convolution, and parallel-generics.mlir leaves no linalg op: vector erf and exp in an
+    scf.forall, nothing for the loop lowering."""
+    path = SCHEDULES / "x86_64" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(ConvEpilogue(), [torch.randn(2, 3, 5, 9, 12)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-mark-parallel-generics":
+            # the bias fill of the conv's output, its 3 input copies (one per depth tap), and
+            # one generic for the output's transpose and the whole epilogue
+            assert text.count("kbd.rank = 5 : i64") == 5
+            result = r"outs\(%\w+ : tensor<2x6x3x7x10xf32>\) attrs = +\{kbd.rank"
+            assert len(re.findall(result, text)) == 1
+            assert text.count("math.erf") == text.count("math.exp") == 1
+        if stage.name == "parallel-generics.mlir":
+            assert "linalg." not in text
+            assert re.search(r"math\.erf .* : vector<[0-9x]*16xf32>", text)
+            assert re.search(r"math\.exp .* : vector<[0-9x]*16xf32>", text)
+            break
+    else:
+        raise AssertionError("the conv3d schedule has no parallel-generics.mlir stage")
 
 
 def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():

@@ -13,7 +13,15 @@ from torch_mlir import ir, passmanager
 from torch_mlir.dialects.transform import interpreter
 
 from kbd.shared.protocol import Stage
-from kbd.worker.mlir import bf16_dot, conv3d, depthwise, pooling, rewrites, strided_conv
+from kbd.worker.mlir import (
+    bf16_dot,
+    conv3d,
+    depthwise,
+    parallel_generics,
+    pooling,
+    rewrites,
+    strided_conv,
+)
 from kbd.worker.mlir.importer import module_text
 
 TRANSFORM_ENTRY = "__transform_main"
@@ -28,6 +36,7 @@ REWRITES = {
     "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
     "kbd-conv3d-as-conv2d": conv3d.conv3d_as_conv2d,
     "kbd-poolings-as-taps": pooling.poolings_as_taps,
+    "kbd-mark-parallel-generics": parallel_generics.mark_parallel_generics,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,

@@ -1,0 +1,50 @@
+"""Marking the element-wise work a family's transform scripts left over (the
+`kbd-mark-parallel-generics` stage), for `transforms/parallel-generics.mlir` to vectorize.
+
+After a convolution's schedule, its epilogue (bias, activations, scaling), the copies around it
+(kbd-conv3d-as-conv2d's transposes) and the fills of its output are `linalg.generic` ops at the
+top of the function, which the loop lowering would run as scalar loops on one thread, with a
+libm call per element for erf or exp. Each such op whose iterators are all parallel, on static
+tensors, gets `kbd.rank` (its loop count): the script, which needs its tile sizes spelled out,
+has a sequence per rank. Ops inside loops (tiles a script made) are not marked.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+RANK = "kbd.rank"
+MAX_RANK = 6  # the ranks parallel-generics.mlir has a sequence for
+
+
+def mark_parallel_generics(module: ir.Module) -> int:
+    """Mark every top-level all-parallel `linalg.generic` of static tensors with its rank;
+    returns how many were marked."""
+    marked = 0
+    with module.context:
+        for function in module.body.operations:
+            if function.operation.name != "func.func":
+                continue
+            for block in function.regions[0].blocks:
+                for op in block.operations:
+                    rank = _parallel_rank(op.operation)
+                    if rank is not None:
+                        i64 = ir.IntegerType.get_signless(64)
+                        op.operation.attributes[RANK] = ir.IntegerAttr.get(i64, rank)
+                        marked += 1
+    return marked
+
+
+def _parallel_rank(op: ir.Operation) -> int | None:
+    if op.name != "linalg.generic" or "iterator_types" not in op.attributes:
+        return None
+    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if not iterators or len(iterators) > MAX_RANK or any("parallel" not in i for i in iterators):
+        return None
+    for value in [*op.operands, *op.results]:
+        if isinstance(value.type, ir.RankedTensorType):
+            if not value.type.has_static_shape:
+                return None
+        elif isinstance(value.type, ir.ShapedType):
+            return None  # memrefs, unranked tensors
+    return len(iterators)
