@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from kbd.plan import descriptor, target
 from kbd.worker import families, ingress, mlir, runtime
+from kbd.worker.mlir import conv_widths
 from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
@@ -379,6 +380,9 @@ CASES = {
         (functools.partial(Conv, (4, 5, 3, 3), transposed=True, stride=2), [(1, 4, 7, 9)]),
         (TwoConvs, [(2, 3, 10, 21)]),
         (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
+        # kbd-pad-conv-widths: rows of 30 computed as 32, of 18 (dilated) as 32
+        (Conv, [(2, 3, 6, 32)]),
+        (functools.partial(Conv, (5, 3, 3, 3), dilation=2, padding=1), [(1, 3, 7, 20)]),
         (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
         (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
@@ -814,6 +818,35 @@ def test_a_convolutions_epilogue_and_copies_become_vector_code_in_parallel_rows(
             break
     else:
         raise AssertionError("the conv3d schedule has no parallel-generics.mlir stage")
+
+
+def test_narrow_convolution_rows_are_computed_padded_to_whole_vectors():
+    """kbd-pad-conv-widths: a conv3d's rows of 30 columns are computed as 32 over zero-padded
+    input rows, its depth taps accumulate into one padded result, and nothing is left for the
+    runtime's element-by-element memrefCopy."""
+    assert [conv_widths.padded_width(w) for w in (8, 14, 30, 38, 64, 254)] == [
+        None,
+        16,
+        32,
+        48,
+        None,
+        None,
+    ]
+    path = SCHEDULES / "x86_64" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(Conv3d((4, 3, 3, 3, 3)), [torch.randn(1, 3, 5, 6, 32)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-pad-conv-widths":
+            convs = [line for line in text.splitlines() if "linalg.conv_2d_nchw_fchw" in line]
+            assert len(convs) == 3  # one per depth tap
+            assert all(
+                "tensor<3x3x6x34xf32>" in c and "-> tensor<3x4x4x32xf32>" in c for c in convs
+            )
+            assert text.count("kbd.unpadded") == 3
+            assert len(re.findall(r"linalg.fill .* -> tensor<3x4x4x32xf32>", text)) == 1
+    assert "memrefCopy" not in text
 
 
 def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():

@@ -16,6 +16,7 @@ from kbd.shared.protocol import Stage
 from kbd.worker.mlir import (
     bf16_dot,
     conv3d,
+    conv_widths,
     depthwise,
     parallel_generics,
     pooling,
@@ -35,6 +36,7 @@ REWRITES = {
     "kbd-depthwise-convs-as-taps": depthwise.depthwise_convs_as_taps,
     "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
     "kbd-conv3d-as-conv2d": conv3d.conv3d_as_conv2d,
+    "kbd-pad-conv-widths": conv_widths.pad_conv_widths,
     "kbd-poolings-as-taps": pooling.poolings_as_taps,
     "kbd-mark-parallel-generics": parallel_generics.mark_parallel_generics,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
@@ -47,6 +49,7 @@ REWRITES = {
     "kbd-openmp-guided-schedule": rewrites.openmp_guided_schedule,
     "kbd-dealloc-after-last-use": rewrites.deallocs_after_last_use,
     "kbd-outputs-in-place": rewrites.outputs_in_place,
+    "kbd-strided-copies-as-loops": rewrites.strided_copies_as_loops,
     "kbd-hoist-allocas": rewrites.hoist_allocas,
 }
 

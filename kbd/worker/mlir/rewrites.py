@@ -714,3 +714,37 @@ def unit_dims_as_reshapes(module: ir.Module) -> int:
             op.erase()
             changed += 1
     return changed
+
+
+def strided_copies_as_loops(module: ir.Module) -> int:
+    """Turn every `memref.copy` between buffers that are not both one contiguous run into a
+    `linalg.copy`, for the loop lowering; returns how many.
+
+    MLIR lowers such a copy to a call of `memrefCopy`, a runtime function that copies element
+    by element through generic index arithmetic (padded rows, slices of transposes); as loops,
+    the innermost contiguous dim is a plain loop LLVM vectorizes."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, "memref.copy"):
+            op = op.operation
+            source, target = op.operands
+            if _contiguous_buffer(source.type) and _contiguous_buffer(target.type):
+                continue
+            with ir.InsertionPoint(op):
+                linalg.copy(source, outs=[target])
+            op.erase()
+            changed += 1
+    return changed
+
+
+def _contiguous_buffer(kind) -> bool:
+    """Whether a memref type is one contiguous row-major run (unit dims aside)."""
+    if not isinstance(kind, ir.MemRefType) or not kind.has_static_shape:
+        return False
+    strides, _ = kind.get_strides_and_offset()
+    expected = 1
+    for size, stride in reversed(list(zip(kind.shape, strides, strict=True))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True

@@ -1,0 +1,111 @@
+"""Convolutions computed over output rows padded to a whole number of vectors (the
+`kbd-pad-conv-widths` stage), before conv2d.mlir.
+
+conv2d.mlir keeps register tiles of 32 output columns and ends each row in narrower tiles of
+16, 8 and 4 columns, then single columns. A narrow row pays for its tail as for whole vectors:
+a row of 30 columns (a 3x3 kernel over 32, common in conv3d and level 2) is a tile of 16, one
+of 8, one of 4 and two single columns, five vector steps where two 16-wide ones would do. Here
+such a convolution computes a row rounded up to a multiple of 16 columns, over an input whose
+rows are padded with zeros to match, and the result is the first columns of each row (a copy
+that the epilogue it feeds fuses). A chain of convolutions accumulating into one another
+(kbd-conv3d-as-conv2d's depth taps) stays padded from one to the next. A row is padded only
+when the vector steps drop by at least a fifth: the padded input and the copy cost passes over
+memory.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import arith, linalg, tensor
+
+from kbd.worker.mlir.walk import (
+    extract,
+    insert,
+    int_array,
+    ops_named,
+    producer,
+    static_operand_types,
+)
+
+LANES = 16  # the row is padded to a multiple of this many columns
+REGISTER_TILE = 32  # conv2d.mlir's widest register tile (AVX-512), in columns
+UNPADDED = "kbd.unpadded"  # on the copy of a padded convolution's result, for the next in a chain
+
+
+def vector_steps(width: int) -> int:
+    """How many vector steps conv2d.mlir's register tiles take for a row of `width` columns:
+    tiles of 32 (two vectors), then 16, 8 and 4 columns, then single columns."""
+    steps, rest = 2 * (width // REGISTER_TILE), width % REGISTER_TILE
+    for tile in (16, 8, 4):
+        if rest >= tile:
+            steps, rest = steps + 1, rest - tile
+    return steps + rest
+
+
+def padded_width(width: int) -> int | None:
+    """The row width to compute instead of `width`, or None to leave it."""
+    padded = -(-width // LANES) * LANES
+    if padded == width or 5 * (padded // LANES) > 4 * vector_steps(width):
+        return None
+    return padded
+
+
+def pad_conv_widths(module: ir.Module) -> int:
+    """Compute every static `linalg.conv_2d_nchw_fchw` whose rows `padded_width` widens over
+    padded rows; returns how many were rewritten."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for op in ops_named(module, "linalg.conv_2d_nchw_fchw"):
+            op = op.operation
+            types = static_operand_types(op)
+            if types is None:
+                continue
+            image, weight, init = op.operands
+            n, c, h, w = types[0].shape
+            f, _, _, kw = types[1].shape
+            _, _, oh, ow = types[2].shape
+            wide = padded_width(ow)
+            strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
+            if wide is None:
+                continue
+            element = types[2].element_type
+            columns = (wide - 1) * strides[1] + dilations[1] * (kw - 1) + 1
+            with ir.InsertionPoint(op), op.location:
+                padded_image = _padded(image, element, [n, c, h, w], max(columns, w))
+                padded_init = _padded_init(init, element, [n, f, oh, ow], wide)
+                conv = linalg.conv_2d_nchw_fchw(
+                    padded_image, weight, outs=[padded_init], strides=strides, dilations=dilations
+                )
+                rows = extract(conv, element, [0, 0, 0, 0], [n, f, oh, ow])
+                copy = linalg.copy(rows, outs=[tensor.empty([n, f, oh, ow], element)])
+                copy.owner.attributes[UNPADDED] = ir.UnitAttr.get()
+            op.results[0].replace_all_uses_with(copy)
+            op.erase()
+            changed += 1
+    return changed
+
+
+def _padded(value: ir.Value, element, shape: list[int], width: int) -> ir.Value:
+    """`value` [N, C, H, W] in the first W columns of a zero [N, C, H, width] tensor, copied by
+    a linalg.copy (which the epilogue stage vectorizes) into a slice of it, in place."""
+    if width == shape[3]:
+        return value
+    wide = [*shape[:3], width]
+    zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+    zeros = linalg.fill(zero, outs=[tensor.empty(wide, element)])
+    slot = extract(zeros, element, [0, 0, 0, 0], shape)
+    copied = linalg.copy(value, outs=[slot])
+    return insert(copied, zeros, [0, 0, 0, 0], shape)
+
+
+def _padded_init(init: ir.Value, element, shape: list[int], width: int) -> ir.Value:
+    """The padded accumulator: the previous convolution's padded result when `init` is its
+    copy (a chain), else `init` padded with zeros."""
+    source = producer(init)
+    if source is not None and source.name == "linalg.copy" and UNPADDED in source.attributes:
+        rows = producer(source.operands[0])
+        if rows is not None and rows.name == "tensor.extract_slice":
+            whole = rows.operands[0]
+            if ir.RankedTensorType(whole.type).shape == [*shape[:3], width]:
+                return whole
+    return _padded(init, element, shape, width)
