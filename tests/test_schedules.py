@@ -811,13 +811,41 @@ def test_a_convolutions_epilogue_and_copies_become_vector_code_in_parallel_rows(
             result = r"outs\(%\w+ : tensor<2x6x3x7x10xf32>\) attrs = +\{kbd.rank"
             assert len(re.findall(result, text)) == 1
             assert text.count("math.erf") == text.count("math.exp") == 1
-        if stage.name == "parallel-generics.mlir":
-            assert "linalg." not in text
-            assert re.search(r"math\.erf .* : vector<[0-9x]*16xf32>", text)
-            assert re.search(r"math\.exp .* : vector<[0-9x]*16xf32>", text)
+        if stage is _last_parallel_generics(stages):
             break
     else:
         raise AssertionError("the conv3d schedule has no parallel-generics.mlir stage")
+    assert "linalg." not in text
+    assert re.search(r"math\.erf .* : vector<[0-9x]*16xf32>", text)
+    assert re.search(r"math\.exp .* : vector<[0-9x]*16xf32>", text)
+
+
+def _last_parallel_generics(stages):
+    """The last parallel-generics.mlir stage of a pipeline (epilogues.yaml has two)."""
+    return [stage for stage in stages if stage.name == "parallel-generics.mlir"][-1]
+
+
+class ConvGeluMean(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = Conv((6, 3, 3, 3))
+
+    def forward(self, x):
+        return F.gelu(self.conv(x)).mean((2, 3))
+
+
+def test_an_activation_a_reduction_reads_is_vectorized_and_not_fused_into_it():
+    """kbd-mark-reduction-inputs: GELU before a global average pool is vectorized on its own
+    before fusion, which would move it into the pool's scalar loop (a libm erf per element)."""
+    path = SCHEDULES / "x86_64" / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(ConvGeluMean(), [torch.randn(2, 3, 9, 21)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage is _last_parallel_generics(stages):
+            break
+    erfs = [line for line in str(module).splitlines() if "math.erf" in line]
+    assert erfs and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in erfs)
 
 
 def test_narrow_convolution_rows_are_computed_padded_to_whole_vectors():

@@ -39,6 +39,7 @@ REWRITES = {
     "kbd-pad-conv-widths": conv_widths.pad_conv_widths,
     "kbd-poolings-as-taps": pooling.poolings_as_taps,
     "kbd-mark-parallel-generics": parallel_generics.mark_parallel_generics,
+    "kbd-mark-reduction-inputs": parallel_generics.mark_reduction_inputs,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,
     "kbd-bf16-dot-products": bf16_dot.bf16_dot_products,

@@ -6,7 +6,9 @@ After a convolution's schedule, its epilogue (bias, activations, scaling), the c
 top of the function, which the loop lowering would run as scalar loops on one thread, with a
 libm call per element for erf or exp. Each such op whose iterators are all parallel, on static
 tensors, gets `kbd.rank` (its loop count): the script, which needs its tile sizes spelled out,
-has a sequence per rank. Ops inside loops (tiles a script made) are not marked.
+has a sequence per rank. Ops inside loops (tiles a script made) are not marked. Element-wise
+ops a reduction reads are vectorized on their own first (`kbd-mark-reduction-inputs`), so that
+fusion does not move them into the reduction, which stays a scalar loop.
 """
 
 from __future__ import annotations
@@ -20,19 +22,43 @@ MAX_RANK = 6  # the ranks parallel-generics.mlir has a sequence for
 def mark_parallel_generics(module: ir.Module) -> int:
     """Mark every top-level all-parallel `linalg.generic` of static tensors with its rank;
     returns how many were marked."""
+    return _mark(module, lambda op: True)
+
+
+def mark_reduction_inputs(module: ir.Module) -> int:
+    """Mark, as `mark_parallel_generics` does, only the generics whose result a reduction reads
+    (a generic with a reduction iterator); returns how many were marked.
+
+    Vectorized before `linalg-fuse-elementwise-ops`, they are loops it cannot fuse into the
+    reduction, which the loop lowering would run as scalar code (erf and all)."""
+    return _mark(module, _feeds_a_reduction)
+
+
+def _mark(module: ir.Module, wanted) -> int:
     marked = 0
     with module.context:
+        i64 = ir.IntegerType.get_signless(64)
         for function in module.body.operations:
             if function.operation.name != "func.func":
                 continue
             for block in function.regions[0].blocks:
                 for op in block.operations:
                     rank = _parallel_rank(op.operation)
-                    if rank is not None:
-                        i64 = ir.IntegerType.get_signless(64)
+                    if rank is not None and wanted(op.operation):
                         op.operation.attributes[RANK] = ir.IntegerAttr.get(i64, rank)
                         marked += 1
     return marked
+
+
+def _feeds_a_reduction(op: ir.Operation) -> bool:
+    for result in op.results:
+        for use in result.uses:
+            user = use.owner
+            if user.name == "linalg.generic" and _parallel_rank(user) is None:
+                iterators = [str(a) for a in ir.ArrayAttr(user.attributes["iterator_types"])]
+                if any("reduction" in i for i in iterators):
+                    return True
+    return False
 
 
 def _parallel_rank(op: ir.Operation) -> int | None:
