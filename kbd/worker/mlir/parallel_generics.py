@@ -7,8 +7,9 @@ top of the function, which the loop lowering would run as scalar loops on one th
 libm call per element for erf or exp. Each such op whose iterators are all parallel, on static
 tensors, gets `kbd.rank` (its loop count): the script, which needs its tile sizes spelled out,
 has a sequence per rank. Ops inside loops (tiles a script made) are not marked. Element-wise
-ops a reduction reads are vectorized on their own first (`kbd-mark-reduction-inputs`), so that
-fusion does not move them into the reduction, which stays a scalar loop.
+ops with math functions that a reduction reads are vectorized on their own first
+(`kbd-mark-reduction-inputs`), so that fusion does not move them into the reduction, which
+stays a scalar loop.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ def mark_parallel_generics(module: ir.Module) -> int:
 
 
 def mark_reduction_inputs(module: ir.Module) -> int:
-    """Mark, as `mark_parallel_generics` does, only the generics whose result a reduction reads
-    (a generic with a reduction iterator); returns how many were marked.
+    """Mark, as `mark_parallel_generics` does, only the generics that compute a math function
+    (erf, exp, tanh, ...) and whose result a reduction reads (a generic with a reduction
+    iterator); returns how many were marked.
 
     Vectorized before `linalg-fuse-elementwise-ops`, they are loops it cannot fuse into the
-    reduction, which the loop lowering would run as scalar code (erf and all)."""
-    return _mark(module, _feeds_a_reduction)
+    reduction, which the loop lowering would run as scalar code, with a libm call per element.
+    Cheaper ops (a copy, a scaling) are left to fuse: a pass of their own over memory would
+    cost more than their scalar arithmetic in the reduction's loop."""
+    return _mark(module, lambda op: _computes_math(op) and _feeds_a_reduction(op))
 
 
 def _mark(module: ir.Module, wanted) -> int:
@@ -48,6 +52,11 @@ def _mark(module: ir.Module, wanted) -> int:
                         op.operation.attributes[RANK] = ir.IntegerAttr.get(i64, rank)
                         marked += 1
     return marked
+
+
+def _computes_math(op: ir.Operation) -> bool:
+    body = op.regions[0].blocks[0]
+    return any(inner.operation.name.startswith("math.") for inner in body.operations)
 
 
 def _feeds_a_reduction(op: ir.Operation) -> bool:
