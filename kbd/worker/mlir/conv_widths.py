@@ -70,9 +70,9 @@ def pad_conv_widths(module: ir.Module) -> int:
             f, _, _, kw = types[1].shape
             _, _, oh, ow = types[2].shape
             wide = padded_width(ow, input_copied=_a_copy(image))
-            strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
             if wide is None:
                 continue
+            strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
             element = types[2].element_type
             columns = (wide - 1) * strides[1] + dilations[1] * (kw - 1) + 1
             with ir.InsertionPoint(op), op.location:
@@ -100,8 +100,9 @@ def _a_copy(value: ir.Value) -> bool:
 
 
 def _padded(value: ir.Value, element, shape: list[int], width: int) -> ir.Value:
-    """`value` [N, C, H, W] in the first W columns of a zero [N, C, H, width] tensor, copied by
-    a linalg.copy (which the epilogue stage vectorizes) into a slice of it, in place."""
+    """`value` [N, C, H, W] in the first W columns of a zero [N, C, H, width] tensor: a copy
+    into a slice of it (canonicalization folds the copy into the insert, which bufferizes to a
+    strided copy that kbd-strided-copies-as-loops makes loops)."""
     if width == shape[3]:
         return value
     wide = [*shape[:3], width]
