@@ -38,6 +38,7 @@ _INGRESS_CODE = (
     "worker/decompositions.py",
     "worker/norms.py",
     "worker/low_precision.py",
+    "worker/transposed_convs.py",
     "worker/mlir/__init__.py",  # the whole package, as when it was one module
     "worker/mlir/importer.py",
     "worker/mlir/scans.py",
