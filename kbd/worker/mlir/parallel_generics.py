@@ -60,20 +60,24 @@ def _computes_math(op: ir.Operation) -> bool:
 
 
 def _feeds_a_reduction(op: ir.Operation) -> bool:
-    for result in op.results:
-        for use in result.uses:
-            user = use.owner
-            if user.name == "linalg.generic" and _parallel_rank(user) is None:
-                iterators = [str(a) for a in ir.ArrayAttr(user.attributes["iterator_types"])]
-                if any("reduction" in i for i in iterators):
-                    return True
-    return False
+    return any(
+        "reduction" in kind
+        for result in op.results
+        for use in result.uses
+        for kind in _iterators(use.owner)
+    )
+
+
+def _iterators(op: ir.Operation) -> list[str]:
+    """A `linalg.generic`'s iterator types ("#linalg.iterator_type<parallel>", ...); [] for
+    any other op."""
+    if op.name != "linalg.generic" or "iterator_types" not in op.attributes:
+        return []
+    return [str(kind) for kind in ir.ArrayAttr(op.attributes["iterator_types"])]
 
 
 def _parallel_rank(op: ir.Operation) -> int | None:
-    if op.name != "linalg.generic" or "iterator_types" not in op.attributes:
-        return None
-    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    iterators = _iterators(op)
     if not iterators or len(iterators) > MAX_RANK or any("parallel" not in i for i in iterators):
         return None
     for value in [*op.operands, *op.results]:
