@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_mlir import ir
 
 from kbd.plan import descriptor, target
 from kbd.worker import families, ingress, mlir, runtime
@@ -411,6 +412,10 @@ CASES = {
         (functools.partial(Conv3d, (4, 2, 3, 1, 3), dilation=(2, 1, 1)), [(1, 2, 9, 5, 20)]),
         (functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2), [(1, 4, 3, 5, 6)]),
         (functools.partial(Conv3d, (6, 2, 1, 3, 3), groups=2), [(1, 4, 3, 6, 10)]),
+        # channels last (conv2d-nhwc.mlir): rows of 8 and 7 columns, 16 and 20 filters (the
+        # last 4 a tile of their own), a dilated depth; a transposed one (a padded input)
+        (functools.partial(Conv3d, (16, 3, 3, 3, 3), dilation=(2, 1, 1)), [(2, 3, 7, 6, 10)]),
+        (functools.partial(Conv3d, (4, 20, 3, 3, 3), transposed=True), [(1, 4, 3, 4, 5)]),
         # kbd.worker.transposed_convs: by phases (8 of a 3x3x3 kernel at stride 2, each split
         # into its 2 groups); by phases of which some have no tap (dilation 2 at stride 2)
         (
@@ -805,9 +810,14 @@ def test_a_convolutions_epilogue_and_copies_become_vector_code_in_parallel_rows(
         mlir.apply_stage(module, stage)
         text = str(module)
         if stage.text == "kbd-mark-parallel-generics":
-            # the bias fill of the conv's output, its 3 input copies (one per depth tap), and
-            # one generic for the output's transpose and the whole epilogue
-            assert text.count("kbd.rank = 5 : i64") == 5
+            # one generic for the output's transpose and the whole epilogue; the input's 3
+            # depth taps, each copied into its slot of the stacked input [N, OD, C, KD, H, W]
+            # (zeros first: its rows are padded from 12 columns to 18, for output rows of 16);
+            # the conv's bias broadcast made afresh for its [N * OD, F, OH, OW] output
+            assert text.count("kbd.rank = 5 : i64") == 1
+            assert text.count("kbd.rank = 6 : i64") == 1 + 3
+            assert text.count("kbd.rank = 4 : i64") == 1
+            assert "tensor<2x3x3x3x9x18xf32>" in text
             result = r"outs\(%\w+ : tensor<2x6x3x7x10xf32>\) attrs = +\{kbd.rank"
             assert len(re.findall(result, text)) == 1
             assert text.count("math.erf") == text.count("math.exp") == 1
@@ -848,10 +858,88 @@ def test_an_activation_a_reduction_reads_is_vectorized_and_not_fused_into_it():
     assert erfs and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in erfs)
 
 
+class ConvNormMean(torch.nn.Module):
+    """level 2's conv3d, group norm, then a mean over the volume."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = Conv3d((8, 3, 3, 3, 3))
+        self.norm = torch.nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        return self.norm(self.conv(x)).mean((2, 3, 4))
+
+
+def _largest_reduction_input(module) -> int:
+    """How many elements the largest input of a `linalg.generic` with a reduction has."""
+    largest = 0
+    with module.context:
+
+        def visit(op):
+            nonlocal largest
+            if op.name == "linalg.generic" and "reduction" in str(op.attributes["iterator_types"]):
+                for value in op.operands:
+                    if isinstance(value.type, ir.RankedTensorType):
+                        largest = max(largest, int(np.prod(value.type.shape)))
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+    return largest
+
+
+def test_a_norm_and_mean_after_a_convolution_are_vectorized_reductions():
+    """epilogues.yaml: kbd-collapse-reduction-dims makes the mean over 3 trailing dims one over
+    their product, and reduction.mlir leaves no reduction over the conv's output (2 x 8 x 4 x 6
+    x 8 values) to the loop lowering: only the group statistics' combine steps."""
+    path = SCHEDULES / "x86_64" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(ConvNormMean(), [torch.randn(2, 3, 6, 8, 10)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage.text == "kbd-collapse-reduction-dims":
+            # the mean: [N, C, D * H * W] with one reduction
+            assert re.search(
+                r"iterator_types = \[\"parallel\", \"parallel\", \"reduction\"\]\}"
+                r" ins\([^)]*tensor<2x8x192xf32>",
+                str(module),
+            )
+            assert _largest_reduction_input(module) == 2 * 8 * 192
+        if stage.name == "reduction.mlir":
+            break
+    else:
+        raise AssertionError("the conv3d schedule has no reduction.mlir stage")
+    assert _largest_reduction_input(module) <= 2 * 8
+
+
+def test_narrow_rows_with_many_filters_are_computed_channels_last():
+    """kbd-conv3d-as-conv2d stacks a conv3d's input channels last when its rows are narrow and
+    its filters fill whole vectors, and conv2d-nhwc.mlir vectorizes it along the filters."""
+    assert conv_widths.channels_last(20, 64) and conv_widths.channels_last(8, 16)
+    assert not conv_widths.channels_last(30, 64)  # rows padded to 32: whole vectors already
+    assert not conv_widths.channels_last(20, 3)  # 3 filters: 3 lanes of 16
+    path = SCHEDULES / "x86_64" / "avx512f" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(Conv3d((16, 3, 3, 3, 3)), [torch.randn(2, 3, 7, 6, 10)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-conv3d-as-conv2d":
+            # [N * OD, H, W, KD * C] by [KH, KW, KD * C, F]
+            conv = next(line for line in text.splitlines() if "linalg.conv_2d_nhwc_hwcf" in line)
+            assert "tensor<10x6x10x9xf32>, tensor<3x3x9x16xf32>" in conv
+            assert "linalg.conv_2d_nchw_fchw" not in text
+        if stage.name == "conv2d-nhwc.mlir":
+            assert "linalg.conv_2d_nhwc_hwcf" not in text
+            assert re.search(r"vector.fma .* : vector<16xf32>", text)
+            break
+    else:
+        raise AssertionError("the conv3d schedule has no conv2d-nhwc.mlir stage")
+
+
 def test_narrow_convolution_rows_are_computed_padded_to_whole_vectors():
     """kbd-pad-conv-widths: a conv3d's rows of 30 columns are computed as 32 over zero-padded
-    input rows, its depth taps accumulate into one padded result, and nothing is left for the
-    runtime's element-by-element memrefCopy."""
+    input rows, its depth taps stacked as channels of one convolution, and nothing is left for
+    the runtime's element-by-element memrefCopy."""
     widths = (8, 14, 18, 30, 34, 64, 254)
     assert [conv_widths.padded_width(w) for w in widths] == [None, 16, None, 32, None, None, None]
     assert conv_widths.padded_width(18, input_copied=True) == 32  # a conv3d tap: a copy anyway
@@ -863,12 +951,13 @@ def test_narrow_convolution_rows_are_computed_padded_to_whole_vectors():
         text = str(module)
         if stage.text == "kbd-pad-conv-widths":
             convs = [line for line in text.splitlines() if "linalg.conv_2d_nchw_fchw" in line]
-            assert len(convs) == 3  # one per depth tap
-            assert all(
-                "tensor<3x3x6x34xf32>" in c and "-> tensor<3x4x4x32xf32>" in c for c in convs
-            )
-            assert text.count("kbd.unpadded") == 3
-            assert len(re.findall(r"linalg.fill .* -> tensor<3x4x4x32xf32>", text)) == 1
+            # one convolution over 3 channels x 3 depth taps, rows of 32 read from rows of 34
+            assert len(convs) == 1
+            assert "tensor<3x9x6x34xf32>" in convs[0] and "-> tensor<3x4x4x32xf32>" in convs[0]
+            # the bias broadcast made at the padded width, not padded by a copy
+            bias = r"linalg.broadcast ins\(\S+ : tensor<4xf32>\) outs\(\S+ : tensor<3x4x4x32xf32>\)"
+            assert len(re.findall(bias, text)) == 1
+            assert not re.search(r"linalg.fill .* -> tensor<3x4x4x32xf32>", text)
     assert "memrefCopy" not in text
 
 

@@ -7,12 +7,11 @@ a row of 30 columns (a 3x3 kernel over 32, common in conv3d and level 2) is a ti
 of 8, one of 4 and two single columns, five vector steps where two 16-wide ones would do. Here
 such a convolution computes a row rounded up to a multiple of 16 columns, over an input whose
 rows are padded with zeros to match, and the result is the first columns of each row (a copy
-that the epilogue it feeds fuses). A chain of convolutions accumulating into one another
-(kbd-conv3d-as-conv2d's depth taps) stays padded from one to the next. A row is padded only
+that the epilogue it feeds fuses). A row is padded only
 when the vector steps drop by at least a fifth and the row grows by at most a quarter: the
 padded input and the copy cost passes over memory (a transposed conv2d's rows of 34 columns,
-padded to 48, took 1.7x as long). A conv3d's depth taps are copies already: their rows may grow
-more (18 columns to 32).
+padded to 48, took 1.7x as long). A conv3d's stacked depth taps are a copy already: their
+rows may grow more (18 columns to 32).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
 from kbd.worker.mlir.walk import (
+    channel_init,
     extract,
     insert,
     int_array,
@@ -31,7 +31,7 @@ from kbd.worker.mlir.walk import (
 
 LANES = 16  # the row is padded to a multiple of this many columns
 REGISTER_TILE = 32  # conv2d.mlir's widest register tile (AVX-512), in columns
-UNPADDED = "kbd.unpadded"  # on the copy of a padded convolution's result, for the next in a chain
+INPUT_COPY = "kbd.input_copy"  # on a convolution's input that is a copy already (rows may grow)
 
 
 def vector_steps(width: int) -> int:
@@ -74,16 +74,17 @@ def pad_conv_widths(module: ir.Module) -> int:
                 continue
             strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
             element = types[2].element_type
-            columns = (wide - 1) * strides[1] + dilations[1] * (kw - 1) + 1
+            columns = input_columns(wide, kw, strides[1], dilations[1])
             with ir.InsertionPoint(op), op.location:
                 padded_image = _padded(image, element, [n, c, h, w], max(columns, w))
-                padded_init = _padded_init(init, element, [n, f, oh, ow], wide)
+                padded_init = channel_init(init, element, [n, f, oh, wide], 1) or _padded(
+                    init, element, [n, f, oh, ow], wide
+                )
                 conv = linalg.conv_2d_nchw_fchw(
                     padded_image, weight, outs=[padded_init], strides=strides, dilations=dilations
                 )
                 rows = extract(conv, element, [0, 0, 0, 0], [n, f, oh, ow])
                 copy = linalg.copy(rows, outs=[tensor.empty([n, f, oh, ow], element)])
-                copy.owner.attributes[UNPADDED] = ir.UnitAttr.get()
             op.results[0].replace_all_uses_with(copy)
             op.erase()
             changed += 1
@@ -91,12 +92,25 @@ def pad_conv_widths(module: ir.Module) -> int:
 
 
 def _a_copy(value: ir.Value) -> bool:
-    """Whether `value` is a reshaped transpose (kbd-conv3d-as-conv2d's copy of a depth tap)."""
-    reshape = producer(value)
-    if reshape is None or reshape.name != "tensor.collapse_shape":
-        return False
-    source = producer(reshape.operands[0])
-    return source is not None and source.name == "linalg.transpose"
+    """Whether `value` is a copy already (kbd-conv3d-as-conv2d's stacked depth taps)."""
+    source = producer(value)
+    return source is not None and INPUT_COPY in source.attributes
+
+
+def channels_last(width: int, filters: int) -> bool:
+    """Whether a convolution with output rows of `width` columns and `filters` filters uses
+    the vector lanes better with its vectors along the filters (channels last, conv2d-nhwc.mlir)
+    than along its rows (conv2d.mlir, rows padded by `padded_width`), by a margin that pays
+    for copying its input and output in that layout."""
+    steps = vector_steps(padded_width(width, input_copied=True) or width)
+    along_rows = width / (LANES * steps)
+    along_filters = filters / (LANES * -(-filters // LANES))
+    return along_filters >= 1.25 * along_rows
+
+
+def input_columns(width: int, kernel_width: int, stride: int, dilation: int) -> int:
+    """How many input columns a row of `width` output columns reads."""
+    return (width - 1) * stride + dilation * (kernel_width - 1) + 1
 
 
 def _padded(value: ir.Value, element, shape: list[int], width: int) -> ir.Value:
@@ -111,16 +125,3 @@ def _padded(value: ir.Value, element, shape: list[int], width: int) -> ir.Value:
     slot = extract(zeros, element, [0, 0, 0, 0], shape)
     copied = linalg.copy(value, outs=[slot])
     return insert(copied, zeros, [0, 0, 0, 0], shape)
-
-
-def _padded_init(init: ir.Value, element, shape: list[int], width: int) -> ir.Value:
-    """The padded accumulator: the previous convolution's padded result when `init` is its
-    copy (a chain), else `init` padded with zeros."""
-    source = producer(init)
-    if source is not None and source.name == "linalg.copy" and UNPADDED in source.attributes:
-        rows = producer(source.operands[0])
-        if rows is not None and rows.name == "tensor.extract_slice":
-            whole = rows.operands[0]
-            if ir.RankedTensorType(whole.type).shape == [*shape[:3], width]:
-                return whole
-    return _padded(init, element, shape, width)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import tensor
+from torch_mlir.dialects import linalg, tensor
 
 
 def ops_named(module: ir.Module, name: str) -> list:
@@ -48,3 +48,24 @@ def extract(value: ir.Value, element, offsets, sizes, *, strides=None, shape=Non
 def insert(value: ir.Value, into: ir.Value, offsets, sizes) -> ir.Value:
     """A static `tensor.insert_slice` of `value` into `into`: `sizes` at `offsets`."""
     return tensor.InsertSliceOp(value, into, [], [], [], offsets, sizes, [1] * len(sizes)).result
+
+
+def channel_init(init: ir.Value, element, shape: list[int], channel_dim: int) -> ir.Value | None:
+    """A convolution's accumulator `init` (channels in dim 1) made afresh at `shape` (channels in
+    `channel_dim`), when it is a constant (`linalg.fill`) or a bias (`linalg.broadcast` of a
+    vector along the channels): the rewrites then need no copy of it (transposed, padded), and
+    the conv schedules compute it in registers. None for any other init."""
+    source = producer(init)
+    if source is None or source.name not in ("linalg.fill", "linalg.broadcast"):
+        return None
+    if source.name == "linalg.fill":
+        return linalg.fill(source.operands[0], outs=[tensor.empty(shape, element)])
+    bias = source.operands[0]
+    rank = ir.RankedTensorType(init.type).rank
+    dimensions = list(ir.DenseI64ArrayAttr(source.attributes["dimensions"]))
+    if ir.RankedTensorType(bias.type).shape != [shape[channel_dim]] or dimensions != [
+        d for d in range(rank) if d != 1
+    ]:
+        return None
+    broadcast = [d for d in range(len(shape)) if d != channel_dim]
+    return linalg.broadcast(bias, outs=[tensor.empty(shape, element)], dimensions=broadcast)

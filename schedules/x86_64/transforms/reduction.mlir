@@ -1,7 +1,8 @@
 // Reductions and losses (sum/mean/max/min/argmax over a dim, norms, losses to a scalar), in
 // parallel blocks of outer rows, each op vectorized by its shape:
-// 1. fold unit dims and fuse element-wise producers into their consumers (|x|, x^2, (p - t)^2
-//    into the sum that reads them);
+// 1. (before this script, in the descriptor) unit dims folded, element-wise producers fused
+//    into their consumers (|x|, x^2, (p - t)^2 into the sum that reads them), and a reduction
+//    over several trailing dims made one over a single dim (reduction-prologue.yaml);
 // 2. the op writing each result, when its outer dim is parallel, is tiled by $rows outer rows as
 //    an scf.forall with its producers fused into each block (a row's norm, then the row divided
 //    by it, while the row is in cache);
@@ -39,16 +40,9 @@ module attributes {transform.with_named_sequence} {
     %rank4 = transform.param.constant 4 : i64 -> !transform.param<i64>
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
-    transform.apply_patterns to %func {
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
-    %folded = transform.apply_registered_pass "linalg-fold-unit-extent-dims" to %func
-      : (!transform.any_op) -> !transform.any_op
-    %fused = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %folded
-      : (!transform.any_op) -> !transform.any_op
     // 2. Results: $rows outer rows per block, producers fused.
     %outputs = transform.structured.match ops{["bufferization.materialize_in_destination"]}
-      in %fused : (!transform.any_op) -> !transform.any_op
+      in %func : (!transform.any_op) -> !transform.any_op
     transform.foreach %outputs : !transform.any_op {
     ^bb0(%output: !transform.any_op):
       transform.sequence %output : !transform.any_op failures(suppress) {
@@ -66,10 +60,10 @@ module attributes {transform.with_named_sequence} {
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
       }
     }
-    transform.apply_cse to %fused : !transform.any_op
+    transform.apply_cse to %func : !transform.any_op
     // 3. Last-dim reductions outside every block (all other dims parallel): blocks of their
     //    own, $rows rows of a rank-2 or rank-3 op, or of the second dim of a rank-4 one.
-    %generics = transform.structured.match ops{["linalg.generic"]} in %fused
+    %generics = transform.structured.match ops{["linalg.generic"]} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics : !transform.any_op {
     ^bb0(%op: !transform.any_op):
@@ -93,7 +87,7 @@ module attributes {transform.with_named_sequence} {
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
       }
     }
-    %generics4 = transform.structured.match ops{["linalg.generic"]} in %fused
+    %generics4 = transform.structured.match ops{["linalg.generic"]} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics4 : !transform.any_op {
     ^bb0(%op: !transform.any_op):
@@ -116,7 +110,7 @@ module attributes {transform.with_named_sequence} {
       }
     }
     // 4. Each block's ops, by shape. `match ... in` takes one op at a time.
-    %blocks = transform.structured.match ops{["scf.forall"]} in %fused
+    %blocks = transform.structured.match ops{["scf.forall"]} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %blocks : !transform.any_op {
     ^bb0(%block: !transform.any_op):
@@ -383,21 +377,21 @@ module attributes {transform.with_named_sequence} {
       }
     }
     // Keep accumulators in registers across their loops; lower what vectorization left.
-    %loops = transform.structured.match interface{LoopLikeInterface} in %fused
+    %loops = transform.structured.match interface{LoopLikeInterface} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
-    transform.apply_patterns to %fused {
+    transform.apply_patterns to %func {
       transform.apply_patterns.vector.cast_away_vector_leading_one_dim
       transform.apply_patterns.vector.multi_reduction_flattening lowering_strategy = "innerreduction"
       transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %loops2 = transform.structured.match interface{LoopLikeInterface} in %fused
+    %loops2 = transform.structured.match interface{LoopLikeInterface} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops2 : !transform.any_op
     // Masked transfers (a last partial chunk) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %fused
+    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
       : (!transform.any_op) -> !transform.any_op
     transform.yield
   }
