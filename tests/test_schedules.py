@@ -384,6 +384,11 @@ CASES = {
         # kbd-pad-conv-widths: rows of 30 computed as 32, of 18 (dilated) as 32
         (Conv, [(2, 3, 6, 32)]),
         (functools.partial(Conv, (5, 3, 3, 3), dilation=2, padding=1), [(1, 3, 7, 20)]),
+        # channels last (kbd-convs-channels-last, conv2d-nhwc.mlir): rows of 7 and 20, 40 and
+        # 32 filters (the last 8 a tile of their own), strided (no phases), 2 groups of 16
+        (functools.partial(Conv, (40, 4, 3, 3)), [(2, 4, 9, 9)]),
+        (functools.partial(Conv, (32, 3, 5, 5), stride=2, padding=2), [(2, 3, 21, 40)]),
+        (functools.partial(Conv, (32, 4, 3, 3), groups=2, dilation=2), [(1, 8, 8, 11)]),
         (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
         (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
@@ -412,10 +417,10 @@ CASES = {
         (functools.partial(Conv3d, (4, 2, 3, 1, 3), dilation=(2, 1, 1)), [(1, 2, 9, 5, 20)]),
         (functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2), [(1, 4, 3, 5, 6)]),
         (functools.partial(Conv3d, (6, 2, 1, 3, 3), groups=2), [(1, 4, 3, 6, 10)]),
-        # channels last (conv2d-nhwc.mlir): rows of 8 and 7 columns, 16 and 20 filters (the
-        # last 4 a tile of their own), a dilated depth; a transposed one (a padded input)
+        # channels last (conv2d-nhwc.mlir): rows of 8 columns, 16 and 32 filters, a dilated
+        # depth; a transposed one (a padded input)
         (functools.partial(Conv3d, (16, 3, 3, 3, 3), dilation=(2, 1, 1)), [(2, 3, 7, 6, 10)]),
-        (functools.partial(Conv3d, (4, 20, 3, 3, 3), transposed=True), [(1, 4, 3, 4, 5)]),
+        (functools.partial(Conv3d, (4, 32, 3, 3, 3), transposed=True), [(1, 4, 3, 5, 6)]),
         # kbd.worker.transposed_convs: by phases (8 of a 3x3x3 kernel at stride 2, each split
         # into its 2 groups); by phases of which some have no tap (dilation 2 at stride 2)
         (
@@ -914,9 +919,15 @@ def test_a_norm_and_mean_after_a_convolution_are_vectorized_reductions():
 def test_narrow_rows_with_many_filters_are_computed_channels_last():
     """kbd-conv3d-as-conv2d stacks a conv3d's input channels last when its rows are narrow and
     its filters fill whole vectors, and conv2d-nhwc.mlir vectorizes it along the filters."""
-    assert conv_widths.channels_last(20, 64) and conv_widths.channels_last(8, 16)
-    assert not conv_widths.channels_last(30, 64)  # rows padded to 32: whole vectors already
-    assert not conv_widths.channels_last(20, 3)  # 3 filters: 3 lanes of 16
+
+    def picks(width, filters, positions, copied=True):
+        return conv_widths.channels_last(width, filters, positions, input_copied=copied)
+
+    assert picks(20, 64, 1000) and picks(8, 16, 400)
+    assert not picks(30, 64, 1000)  # rows padded to 32: whole vectors
+    assert not picks(20, 3, 1000)  # 3 filters: 3 lanes of 16
+    assert not picks(2, 512, 4, False)  # each weight used 4 times: not worth its copy
+    assert picks(7, 512, 98, False) and not picks(7, 512, 98)  # a copy's rows are padded to 16
     path = SCHEDULES / "x86_64" / "avx512f" / "conv3d" / "f32.yaml"
     stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
     module = mlir.import_model(Conv3d((16, 3, 3, 3, 3)), [torch.randn(2, 3, 7, 6, 10)])
@@ -934,6 +945,24 @@ def test_narrow_rows_with_many_filters_are_computed_channels_last():
             break
     else:
         raise AssertionError("the conv3d schedule has no conv2d-nhwc.mlir stage")
+
+
+def test_a_narrow_conv2d_is_computed_channels_last_when_its_weights_are_reused_enough():
+    """kbd-convs-channels-last: rows of 7 with 40 filters become a conv_2d_nhwc_hwcf between
+    transposes; the same layer over a 2 x 2 image stays channels first (each weight used for 4
+    outputs would not pay for its copy into [KH, KW, C, F])."""
+    path = SCHEDULES / "x86_64" / "avx512f" / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    stage = next(s for s in stages if s.text == "kbd-convs-channels-last")
+    for size, expected in ((9, "tensor<2x9x9x4xf32>, tensor<3x3x4x40xf32>"), (4, None)):
+        module = mlir.import_model(Conv((40, 4, 3, 3)), [torch.randn(2, 4, size, size)])
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if expected:
+            conv = next(line for line in text.splitlines() if "linalg.conv_2d_nhwc_hwcf" in line)
+            assert expected in conv and "linalg.conv_2d_nchw_fchw" not in text
+        else:
+            assert "linalg.conv_2d_nhwc_hwcf" not in text and "linalg.conv_2d_nchw_fchw" in text
 
 
 def test_narrow_convolution_rows_are_computed_padded_to_whole_vectors():

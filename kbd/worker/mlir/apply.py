@@ -15,6 +15,7 @@ from torch_mlir.dialects.transform import interpreter
 from kbd.shared.protocol import Stage
 from kbd.worker.mlir import (
     bf16_dot,
+    channels_last,
     conv3d,
     conv_widths,
     depthwise,
@@ -38,6 +39,7 @@ REWRITES = {
     "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
     "kbd-conv3d-as-conv2d": conv3d.conv3d_as_conv2d,
     "kbd-pad-conv-widths": conv_widths.pad_conv_widths,
+    "kbd-convs-channels-last": channels_last.convs_channels_last,
     "kbd-poolings-as-taps": pooling.poolings_as_taps,
     "kbd-mark-parallel-generics": parallel_generics.mark_parallel_generics,
     "kbd-mark-reduction-inputs": parallel_generics.mark_reduction_inputs,

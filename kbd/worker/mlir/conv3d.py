@@ -53,7 +53,8 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
                 strides=int_array(op, "strides"),
                 dilations=int_array(op, "dilations"),
             )
-            channels_last = conv.strides[1:] == [1, 1] and conv_widths.channels_last(ow, f)
+            positions = n * od * oh * ow
+            channels_last = conv_widths.channels_last(ow, f, positions, input_copied=True)
             with ir.InsertionPoint(op), op.location:
                 build = conv.channels_last if channels_last else conv.channels_first
                 result = build(*op.operands)

@@ -31,6 +31,10 @@ from kbd.worker.mlir.walk import (
 
 LANES = 16  # the row is padded to a multiple of this many columns
 REGISTER_TILE = 32  # conv2d.mlir's widest register tile (AVX-512), in columns
+# What copying one weight into the channels-last layout costs, in full-width multiply-adds:
+# a ResNet at small shapes (each weight used for a few output positions) ran 2.3x slower with
+# all its narrow convolutions channels last.
+WEIGHT_COPY = 150
 INPUT_COPY = "kbd.input_copy"  # on a convolution's input that is a copy already (rows may grow)
 
 
@@ -69,7 +73,7 @@ def pad_conv_widths(module: ir.Module) -> int:
             n, c, h, w = types[0].shape
             f, _, _, kw = types[1].shape
             _, _, oh, ow = types[2].shape
-            wide = padded_width(ow, input_copied=_a_copy(image))
+            wide = padded_width(ow, input_copied=input_is_copy(image))
             if wide is None:
                 continue
             strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
@@ -91,21 +95,24 @@ def pad_conv_widths(module: ir.Module) -> int:
     return changed
 
 
-def _a_copy(value: ir.Value) -> bool:
+def input_is_copy(value: ir.Value) -> bool:
     """Whether `value` is a copy already (kbd-conv3d-as-conv2d's stacked depth taps)."""
     source = producer(value)
     return source is not None and INPUT_COPY in source.attributes
 
 
-def channels_last(width: int, filters: int) -> bool:
-    """Whether a convolution with output rows of `width` columns and `filters` filters uses
-    the vector lanes better with its vectors along the filters (channels last, conv2d-nhwc.mlir)
-    than along its rows (conv2d.mlir, rows padded by `padded_width`), by a margin that pays
-    for copying its input and output in that layout."""
-    steps = vector_steps(padded_width(width, input_copied=True) or width)
+def channels_last(width: int, filters: int, positions: int, *, input_copied: bool) -> bool:
+    """Whether a convolution with output rows of `width` columns, `filters` filters and
+    `positions` output positions per filter (N x OH x OW) runs faster with its vectors along
+    the filters (channels last, conv2d-nhwc.mlir) than along its rows (conv2d.mlir, rows padded
+    by `padded_width`, given `input_copied`): the lanes it saves must pay for its kernel's copy
+    into the [KH, KW, C, F] layout, made on every call (a copy of a parameter, strided:
+    WEIGHT_COPY steps a weight), and for copying its input and output (a margin of a quarter)."""
+    steps = vector_steps(padded_width(width, input_copied=input_copied) or width)
     along_rows = width / (LANES * steps)
     along_filters = filters / (LANES * -(-filters // LANES))
-    return along_filters >= 1.25 * along_rows
+    saved = positions * (1 / along_rows - 1 / along_filters)  # vector steps a weight
+    return along_filters >= 1.25 * along_rows and saved >= WEIGHT_COPY
 
 
 def input_columns(width: int, kernel_width: int, stride: int, dilation: int) -> int:
