@@ -947,6 +947,24 @@ def test_narrow_rows_with_many_filters_are_computed_channels_last():
         raise AssertionError("the conv3d schedule has no conv2d-nhwc.mlir stage")
 
 
+@pytest.mark.parametrize("tile", ["cl_f=64 cl_w=6", "cl_f=48 cl_w=14"])
+def test_a_filter_tile_wider_than_the_filters_still_vectorizes(tile):
+    """conv2d-nhwc.mlir with a filter tile above the filter count (32), as kbd tune tries: the
+    whole 16-filter tiles left have static sizes, and every convolution is vectorized."""
+    path = SCHEDULES / "x86_64" / "avx512f" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline(
+        [f"{path}{{{tile}}}"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )
+    module = mlir.import_model(
+        Conv3d((16, 32, 3, 3, 3), transposed=True), [torch.randn(1, 16, 6, 10, 6)]
+    )
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage.name == "conv2d-nhwc.mlir":
+            break
+    assert "linalg.conv" not in str(module)
+
+
 def test_a_narrow_conv2d_is_computed_channels_last_when_its_weights_are_reused_enough():
     """kbd-convs-channels-last: rows of 7 with 40 filters become a conv_2d_nhwc_hwcf between
     transposes; the same layer over a 2 x 2 image stays channels first (each weight used for 4

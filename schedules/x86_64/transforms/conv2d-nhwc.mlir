@@ -86,7 +86,10 @@ module attributes {transform.with_named_sequence} {
     // Columns left over (peeled last: the copy it makes carries the filter tiles above).
     %rest_w = transform.include @peel failures(propagate) (%loops#2)
       : (!transform.any_op) -> !transform.any_op
+    // Static tile sizes: a filter count below $reg_f leaves whole 16-filter tiles whose sizes
+    // are min()s of the loop's index, which only the loops' bounds fold.
     transform.apply_patterns to %func {
+      transform.apply_patterns.scf.for_loop_canonicalization
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     // Reduction loops inside each register tile, one step each: kh, kw, c; a step is one
