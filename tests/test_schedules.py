@@ -816,13 +816,13 @@ def test_a_convolutions_epilogue_and_copies_become_vector_code_in_parallel_rows(
         text = str(module)
         if stage.text == "kbd-mark-parallel-generics":
             # one generic for the output's transpose and the whole epilogue; the input's 3
-            # depth taps, each copied into its slot of the stacked input [N, OD, C, KD, H, W]
+            # depth taps, each copied into its slot of the stacked input [OD, N, C, KD, H, W]
             # (zeros first: its rows are padded from 12 columns to 18, for output rows of 16);
             # the conv's bias broadcast made afresh for its [N * OD, F, OH, OW] output
             assert text.count("kbd.rank = 5 : i64") == 1
             assert text.count("kbd.rank = 6 : i64") == 1 + 3
             assert text.count("kbd.rank = 4 : i64") == 1
-            assert "tensor<2x3x3x3x9x18xf32>" in text
+            assert "tensor<3x2x3x3x9x18xf32>" in text
             result = r"outs\(%\w+ : tensor<2x6x3x7x10xf32>\) attrs = +\{kbd.rank"
             assert len(re.findall(result, text)) == 1
             assert text.count("math.erf") == text.count("math.exp") == 1
@@ -963,6 +963,24 @@ def test_a_filter_tile_wider_than_the_filters_still_vectorizes(tile):
         if stage.name == "conv2d-nhwc.mlir":
             break
     assert "linalg.conv" not in str(module)
+
+
+def test_a_transposed_conv3d_leaves_out_the_depth_taps_over_its_padding():
+    """kbd-conv3d-as-conv2d: a transposed conv3d (kernel depth 3 over 3 depths: torch-mlir pads
+    them with 2 zero depths on each side) computes each of its 5 output depths over the taps
+    that read real depths only, 1, 2, 3, 2 and 1 of them: 5 convolutions, 36 channel-taps
+    where the padded input would cost 60."""
+    path = SCHEDULES / "x86_64" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(
+        Conv3d((4, 3, 3, 3, 3), transposed=True), [torch.randn(1, 4, 3, 5, 6)]
+    )
+    mlir.apply_stage(module, stages[0])
+    convs = [line for line in str(module).splitlines() if "linalg.conv_2d_nchw_fchw" in line]
+    # [1 output depth, 4 channels x its taps, 9 rows, 10 columns] (rows and columns padded)
+    found = [re.search(r"ins\(\S+, \S+ : tensor<1x(\d+)x9x10xf32>", conv) for conv in convs]
+    channels = [int(match.group(1)) for match in found]
+    assert channels == [4, 8, 12, 8, 4]
 
 
 def test_a_narrow_conv2d_is_computed_channels_last_when_its_weights_are_reused_enough():

@@ -11,10 +11,16 @@ the input per depth tap (its depths moved next to the batch) and one of the outp
 The copy is made in the layout the convolution is computed in: channels first
 (`linalg.conv_2d_nchw_fchw`, conv2d.mlir: vectors along the output rows) or, where those rows
 are narrow and the filters fill whole vectors (`conv_widths.channels_last`), channels last
-(`linalg.conv_2d_nhwc_hwcf`, conv2d-nhwc.mlir: vectors along the filters).
+(`linalg.conv_2d_nhwc_hwcf`, conv2d-nhwc.mlir: vectors along the filters). The output depths
+are folded into the batch depth-major ([OD * N] images), so that output depths whose taps
+differ (a transposed convolution's border depths read fewer real depths of its zero-padded
+input: `_depth_groups`) are convolutions of their own over contiguous images, with only the
+taps that read real depths.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
@@ -26,10 +32,48 @@ from kbd.worker.mlir.walk import (
     insert,
     int_array,
     ops_named,
+    producer,
     static_operand_types,
 )
 
-DEPTH_TO_BATCH = [0, 2, 1, 3, 4]  # [N, C, D, H, W] <-> [N, D, C, H, W]
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each dim of a 2-D convolution's operands goes, for one layout (permutations as
+    `linalg.transpose` takes them: result dim i is source dim permutation[i])."""
+
+    slot: list[int]  # [N, C, OD', H, W, 1] (one tap's depths) -> the stack's layout
+    tap_dim: int  # where the stack has its taps
+    stack_groups: list[list[int]]  # the stack [OD', N, ...] collapsed to a 4-D image
+    kernel: list[int]  # [F, C, KD', KH, KW] -> the kernel's layout (before its collapse)
+    kernel_groups: list[list[int]]
+    init: list[int]  # [N, F, OD', OH, OW] -> [OD', N, ...] (the result's layout, 5-D)
+    back: list[int]  # [OD, N, ...] -> [N, F, OD, OH, OW]
+    channel_dim: int  # of the 4-D result
+
+
+# [OD', N, C, KD', H, W] by [F, C * KD', KH, KW] (the kernel's own layout, reshaped)
+CHANNELS_FIRST = _Layout(
+    slot=[2, 0, 1, 5, 3, 4],
+    tap_dim=3,
+    stack_groups=[[0, 1], [2, 3], [4], [5]],
+    kernel=[0, 1, 2, 3, 4],
+    kernel_groups=[[0], [1, 2], [3], [4]],
+    init=[2, 0, 1, 3, 4],
+    back=[1, 2, 0, 3, 4],
+    channel_dim=1,
+)
+# [OD', N, H, W, KD', C] by [KH, KW, KD' * C, F]
+CHANNELS_LAST = _Layout(
+    slot=[2, 0, 3, 4, 5, 1],
+    tap_dim=4,
+    stack_groups=[[0, 1], [2], [3], [4, 5]],
+    kernel=[3, 4, 2, 1, 0],
+    kernel_groups=[[0], [1], [2, 3], [4]],
+    init=[2, 0, 3, 4, 1],
+    back=[1, 4, 0, 2, 3],
+    channel_dim=3,
+)
 
 
 def conv3d_as_conv2d(module: ir.Module) -> int:
@@ -56,8 +100,8 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
             positions = n * od * oh * ow
             channels_last = conv_widths.channels_last(ow, f, positions, input_copied=True)
             with ir.InsertionPoint(op), op.location:
-                build = conv.channels_last if channels_last else conv.channels_first
-                result = build(*op.operands)
+                layout = CHANNELS_LAST if channels_last else CHANNELS_FIRST
+                result = conv.build(*op.operands, layout)
             op.results[0].replace_all_uses_with(result)
             op.erase()
             changed += 1
@@ -65,128 +109,170 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
 
 
 class _Conv3d:
-    """One 3-D convolution's shapes, and the 2-D convolution computing it in either layout."""
+    """One 3-D convolution's shapes, and the 2-D convolutions computing it."""
 
     def __init__(self, *, element, image, kernel, output, strides, dilations):
         self.element, self.image, self.kernel, self.output = element, image, kernel, output
         self.strides, self.dilations = strides, dilations
 
-    def channels_first(self, image, weight, init) -> ir.Value:
-        """conv_2d_nchw_fchw over [N * OD, C * KD, H, W]; its result transposed back."""
-        (n, c, h, w), (f, kd, kh, kw), (od, oh, ow) = self.image, self.kernel, self.output
+    def build(self, image, weight, init, layout: _Layout) -> ir.Value:
+        """The convolution's result: per group of output depths with the same depth taps
+        inside the input (`_depth_groups`), one 2-D convolution over [OD' * N] images of
+        those taps stacked as channels, in `layout`; the results transposed back."""
+        n, (f, kd), (od, oh, ow) = self.image[0], self.kernel[:2], self.output
         element = self.element
-        # rows kbd-pad-conv-widths will widen are read from a stack wide enough already
-        wide = conv_widths.padded_width(ow, input_copied=True) or ow
-        columns = conv_widths.input_columns(wide, kw, self.strides[2], self.dilations[2])
-        # [N, OD, C, KD, H, W]: a tap's slot has the input's own layout, depths next to batch
-        width = max(w, columns)
-        taps = self._stacked(image, [n, od, c, kd, h, width], 3, [0, 2, 1, 5, 3, 4])
-        stacked = self._reshaped(taps, [n * od, c * kd, h, width], [[0, 1], [2, 3], [4], [5]])
-        kernel = tensor.collapse_shape(
-            ir.RankedTensorType.get([f, c * kd, kh, kw], element), weight, [[0], [1, 2], [3], [4]]
-        )
-        result = linalg.conv_2d_nchw_fchw(
-            stacked,
-            kernel,
-            outs=[
-                channel_init(init, element, [n * od, f, oh, ow], 1)
-                or self._moved(init, [n, f, od, oh, ow], DEPTH_TO_BATCH, [n * od, f, oh, ow])
-            ],
-            strides=self.strides[1:],
-            dilations=self.dilations[1:],
-        )
+        conv_shape = [n, oh, ow, f] if layout is CHANNELS_LAST else [n, f, oh, ow]
+        result = tensor.empty([od * conv_shape[0], *conv_shape[1:]], element)
+        for first, last, tap, end in _depth_groups(image, od, kd, self.strides, self.dilations):
+            rows = [(last - first) * n, *conv_shape[1:]]
+            group_init = self._init(init, first, last, rows, layout)
+            if tap < end:
+                group_init = self._conv(image, weight, group_init, first, last, tap, end, layout)
+            result = insert(group_init, result, [first * n, 0, 0, 0], rows)
         expanded = tensor.expand_shape(
-            ir.RankedTensorType.get([n, od, f, oh, ow], element),
+            ir.RankedTensorType.get([od, *conv_shape], element),
             result,
             [[0, 1], [2], [3], [4]],
             [],
-            [n, od, f, oh, ow],
+            [od, *conv_shape],
         )
-        return self._transposed(expanded, [n, f, od, oh, ow], DEPTH_TO_BATCH)
+        return self._transposed(expanded, layout.back)
 
-    def channels_last(self, image, weight, init) -> ir.Value:
-        """conv_2d_nhwc_hwcf over [N * OD, H, W, KD * C] with the kernel [KH, KW, KD * C, F];
-        its result transposed back."""
-        (n, c, h, w), (f, kd, kh, kw), (od, oh, ow) = self.image, self.kernel, self.output
-        element = self.element
-        # [N, OD, H, W, KD, C]: a tap's slot has the channels innermost
-        taps = self._stacked(image, [n, od, h, w, kd, c], 4, [0, 2, 3, 4, 5, 1])
-        stacked = self._reshaped(taps, [n * od, h, w, kd * c], [[0, 1], [2], [3], [4, 5]])
-        # [F, C, KD, KH, KW] -> [KH, KW, KD, C, F] (a constant: folded at compile time)
-        moved = self._transposed(weight, [kh, kw, kd, c, f], [3, 4, 2, 1, 0])
-        kernel = tensor.collapse_shape(
-            ir.RankedTensorType.get([kh, kw, kd * c, f], element), moved, [[0], [1], [2, 3], [4]]
-        )
-        result = linalg.conv_2d_nhwc_hwcf(
-            stacked,
-            kernel,
-            outs=[
-                channel_init(init, element, [n * od, oh, ow, f], 3)
-                or self._moved(init, [n, od, oh, ow, f], [0, 2, 3, 4, 1], [n * od, oh, ow, f])
-            ],
-            strides=self.strides[1:],
-            dilations=self.dilations[1:],
-        )
-        expanded = tensor.expand_shape(
-            ir.RankedTensorType.get([n, od, oh, ow, f], element),
-            result,
-            [[0, 1], [2], [3], [4]],
-            [],
-            [n, od, oh, ow, f],
-        )
-        return self._transposed(expanded, [n, f, od, oh, ow], [0, 4, 1, 2, 3])
-
-    def _stacked(self, image, shape, tap_dim, permutation) -> ir.Value:
-        """The input's depth taps, each copied into its slot (index kd along `tap_dim`) of a
-        tensor of `shape`: `permutation` takes the input's [N, C, OD, H, W, 1] (depths of one
-        tap, a unit dim for the tap) to the slot's layout. Columns past the input's (a last
-        dim wider than W) are zeros."""
-        (n, c, h, w), kd, od, element = self.image, self.kernel[1], self.output[0], self.element
-        stacked = tensor.empty(shape, element)
-        if permutation[-1] == 4 and shape[-1] > w:
+    def _conv(self, image, weight, init, first, last, tap, end, layout) -> ir.Value:
+        """The convolution of output depths [first, last) over depth taps [tap, end)."""
+        (n, c, h, w), (f, _, kh, kw), (_, _, ow) = self.image, self.kernel, self.output
+        element, depths, taps = self.element, last - first, end - tap
+        width = w
+        if layout is CHANNELS_FIRST:
+            # rows kbd-pad-conv-widths will widen are read from a stack wide enough already
+            wide = conv_widths.padded_width(ow, input_copied=True) or ow
+            width = max(w, conv_widths.input_columns(wide, kw, self.strides[2], self.dilations[2]))
+        source = [n, c, depths, h, w, 1]
+        shape = [source[p] for p in layout.slot]
+        shape[layout.tap_dim] = taps
+        shape[layout.slot.index(4)] = width
+        stack = tensor.empty(shape, element)
+        if width > w:
             zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
-            stacked = linalg.fill(zero, outs=[stacked])
-        source = [n, c, od, h, w, 1]
-        slot = [source[p] for p in permutation]
-        for tap in range(kd):
-            depths = extract(
-                image,
-                element,
-                [0, 0, tap * self.dilations[0], 0, 0],
-                [n, c, od, h, w],
-                strides=[1, 1, self.strides[0], 1, 1],
-            )
-            # The slot keeps its unit dim: a rank-reducing one bufferizes to a subview that
-            # folds into the vectorized copy's masked transfer_write with mismatched mask and
-            # map. The transpose writes straight into the slot (destination-passing style).
-            depths = tensor.expand_shape(
-                ir.RankedTensorType.get(source, element),
-                depths,
-                [[0], [1], [2], [3], [4, 5]],
-                [],
-                source,
-            )
-            offsets = [tap if d == tap_dim else 0 for d in range(6)]
-            into = extract(stacked, element, offsets, slot)
-            moved = linalg.transpose(depths, outs=[into], permutation=permutation)
-            stacked = insert(moved, stacked, offsets, slot)
-        return stacked
+            stack = linalg.fill(zero, outs=[stack])
+        for index in range(taps):
+            stack = self._tap(image, stack, first, depths, tap + index, index, layout)
+        image_shape = _collapsed(shape, layout.stack_groups)
+        stacked = tensor.collapse_shape(
+            ir.RankedTensorType.get(image_shape, element), stack, layout.stack_groups
+        )
+        stacked.owner.attributes[conv_widths.INPUT_COPY] = ir.UnitAttr.get()
+        kernel = extract(weight, element, [0, 0, tap, 0, 0], [f, c, taps, kh, kw])
+        if layout.kernel != [0, 1, 2, 3, 4]:
+            kernel = self._transposed(kernel, layout.kernel)
+        kernel_shape = ir.RankedTensorType(kernel.type).shape
+        kernel = tensor.collapse_shape(
+            ir.RankedTensorType.get(_collapsed(kernel_shape, layout.kernel_groups), element),
+            kernel,
+            layout.kernel_groups,
+        )
+        named = linalg.conv_2d_nhwc_hwcf if layout is CHANNELS_LAST else linalg.conv_2d_nchw_fchw
+        return named(
+            stacked, kernel, outs=[init], strides=self.strides[1:], dilations=self.dilations[1:]
+        )
 
-    def _reshaped(self, value, shape, groups) -> ir.Value:
-        """`value` collapsed to `shape`; a stacked input is marked a copy already."""
-        reshape = tensor.collapse_shape(ir.RankedTensorType.get(shape, self.element), value, groups)
-        reshape.owner.attributes[conv_widths.INPUT_COPY] = ir.UnitAttr.get()
-        return reshape
+    def _tap(self, image, stack, first, depths, tap, index, layout) -> ir.Value:
+        """`stack` with the input's depths of one tap (output depths first.. first + depths)
+        copied into its slot `index`, left-aligned in its rows."""
+        (n, c, h, w), element = self.image, self.element
+        source = [n, c, depths, h, w, 1]
+        slot = [source[p] for p in layout.slot]
+        start = first * self.strides[0] + tap * self.dilations[0]
+        taken = extract(
+            image,
+            element,
+            [0, 0, start, 0, 0],
+            [n, c, depths, h, w],
+            strides=[1, 1, self.strides[0], 1, 1],
+        )
+        # The slot keeps its unit dim: a rank-reducing one bufferizes to a subview that folds
+        # into the vectorized copy's masked transfer_write with mismatched mask and map. The
+        # transpose writes straight into the slot (destination-passing style).
+        taken = tensor.expand_shape(
+            ir.RankedTensorType.get(source, element),
+            taken,
+            [[0], [1], [2], [3], [4, 5]],
+            [],
+            source,
+        )
+        offsets = [index if d == layout.tap_dim else 0 for d in range(6)]
+        into = extract(stack, element, offsets, slot)
+        moved = linalg.transpose(taken, outs=[into], permutation=layout.slot)
+        return insert(moved, stack, offsets, slot)
 
-    def _transposed(self, value, shape, permutation) -> ir.Value:
+    def _init(self, init, first, last, rows, layout) -> ir.Value:
+        """The accumulator of output depths [first, last): made afresh when it is a constant
+        or a bias (`channel_init`), else a transposed copy of its slice."""
+        fresh = channel_init(init, self.element, rows, layout.channel_dim)
+        if fresh is not None:
+            return fresh
+        n, f, (_, oh, ow) = self.image[0], self.kernel[0], self.output
+        part = extract(init, self.element, [0, 0, first, 0, 0], [n, f, last - first, oh, ow])
+        moved = self._transposed(part, layout.init)
+        groups = [[0, 1], [2], [3], [4]]
+        return tensor.collapse_shape(ir.RankedTensorType.get(rows, self.element), moved, groups)
+
+    def _transposed(self, value, permutation) -> ir.Value:
+        shape = ir.RankedTensorType(value.type).shape
+        moved = [shape[p] for p in permutation]
         return linalg.transpose(
-            value, outs=[tensor.empty(shape, self.element)], permutation=permutation
+            value, outs=[tensor.empty(moved, self.element)], permutation=permutation
         ).results[0]
 
-    def _moved(self, init, shape, permutation, collapsed) -> ir.Value:
-        """A copy of `init` transposed to `shape`, its first two dims folded into one."""
-        moved = self._transposed(init, shape, permutation)
-        groups = [[0, 1], *[[d] for d in range(2, len(shape))]]
-        return tensor.collapse_shape(
-            ir.RankedTensorType.get(collapsed, self.element), moved, groups
-        )
+
+def _depth_groups(image, od: int, kd: int, strides, dilations) -> list[tuple[int, int, int, int]]:
+    """(first, last, tap, end): output depths [first, last) whose depth taps inside the input
+    are [tap, end). A transposed convolution's input is zero-padded (torch-mlir inserts it into
+    zeros): its border depths read fewer real depths, and the taps over the zeros are left out
+    rather than computed (an output depth with none holds its init)."""
+    low, high = _real_depths(image)
+    groups: list[tuple[int, int, int, int]] = []
+    for depth in range(od):
+        reads = [depth * strides[0] + k * dilations[0] for k in range(kd)]
+        inside = [k for k, d in enumerate(reads) if low <= d < high]
+        tap, end = (inside[0], inside[-1] + 1) if inside else (0, 0)
+        if groups and groups[-1][1] == depth and groups[-1][2:] == (tap, end):
+            groups[-1] = (groups[-1][0], depth + 1, tap, end)
+        else:
+            groups.append((depth, depth + 1, tap, end))
+    return groups
+
+
+def _real_depths(image: ir.Value) -> tuple[int, int]:
+    """The depths of `image` [N, C, D, H, W] that are not padding: those of the tensor inserted
+    into a zero `linalg.fill` (static offsets), or all."""
+    depth = ir.RankedTensorType(image.type).shape[2]
+    insert_op = producer(image)
+    if insert_op is None or insert_op.name != "tensor.insert_slice":
+        return 0, depth
+    fill = producer(insert_op.operands[1])
+    if fill is None or fill.name != "linalg.fill" or not _zero(fill.operands[0]):
+        return 0, depth
+    offsets = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_offsets"]))
+    sizes = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_sizes"]))
+    if len(offsets) != 5 or min(offsets + sizes) < 0:  # a dynamic offset or size
+        return 0, depth
+    return offsets[2], offsets[2] + sizes[2]
+
+
+def _zero(value: ir.Value) -> bool:
+    constant = producer(value)
+    if constant is None or constant.name != "arith.constant":
+        return False
+    attribute = constant.attributes["value"]
+    return isinstance(attribute, ir.FloatAttr) and attribute.value == 0.0
+
+
+def _collapsed(shape: list[int], groups: list[list[int]]) -> list[int]:
+    sizes = []
+    for group in groups:
+        size = 1
+        for d in group:
+            size *= shape[d]
+        sizes.append(size)
+    return sizes

@@ -1,5 +1,6 @@
-"""Convolutions computed over output rows padded to a whole number of vectors (the
-`kbd-pad-conv-widths` stage), before conv2d.mlir.
+"""How a convolution's output rows fill the vector lanes: rows padded to a whole number of
+vectors (the `kbd-pad-conv-widths` stage, before conv2d.mlir), and whether to compute it
+channels last instead (`channels_last`, for kbd-convs-channels-last and kbd-conv3d-as-conv2d).
 
 conv2d.mlir keeps register tiles of 32 output columns and ends each row in narrower tiles of
 16, 8 and 4 columns, then single columns. A narrow row pays for its tail as for whole vectors:
@@ -7,10 +8,9 @@ a row of 30 columns (a 3x3 kernel over 32, common in conv3d and level 2) is a ti
 of 8, one of 4 and two single columns, five vector steps where two 16-wide ones would do. Here
 such a convolution computes a row rounded up to a multiple of 16 columns, over an input whose
 rows are padded with zeros to match, and the result is the first columns of each row (a copy
-that the epilogue it feeds fuses). A row is padded only
-when the vector steps drop by at least a fifth and the row grows by at most a quarter: the
-padded input and the copy cost passes over memory (a transposed conv2d's rows of 34 columns,
-padded to 48, took 1.7x as long). A conv3d's stacked depth taps are a copy already: their
+that the epilogue it feeds fuses). A row is padded only when the vector steps drop by at
+least a fifth and the row grows by at most a quarter: the padded input and the copy cost
+passes over memory (a transposed conv2d's rows of 34 columns, padded to 48, took 1.7x as long). A conv3d's stacked depth taps are a copy already: their
 rows may grow more (18 columns to 32).
 """
 
@@ -31,9 +31,9 @@ from kbd.worker.mlir.walk import (
 
 LANES = 16  # the row is padded to a multiple of this many columns
 REGISTER_TILE = 32  # conv2d.mlir's widest register tile (AVX-512), in columns
-# What copying one weight into the channels-last layout costs, in full-width multiply-adds:
-# a ResNet at small shapes (each weight used for a few output positions) ran 2.3x slower with
-# all its narrow convolutions channels last.
+# What copying one weight into the channels-last layout costs, in full-width vector steps of
+# the convolution (calibrated on a ResNet at bench shapes, whose last stages use each weight
+# for a few output positions only: there, channels last lost more to the copies than it won).
 WEIGHT_COPY = 150
 INPUT_COPY = "kbd.input_copy"  # on a convolution's input that is a copy already (rows may grow)
 
