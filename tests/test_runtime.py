@@ -269,3 +269,20 @@ def test_a_failed_allocation_reaches_the_failure_handler_from_the_jit_and_a_libr
         "MemoryError: compiled code's allocation of 4611686018427387904 bytes (4294967296.0 "
         "GiB) failed",
     ]
+
+
+def test_benchmarks_run_with_an_allocator_that_keeps_freed_memory():
+    """bench.steady_allocator (called before the first sample): a 16 MiB block freed and asked
+    for again comes from the heap at the same address, not from a new mapping faulted in page
+    by page (glibc's default maps it afresh and unmaps it on free)."""
+    from kbd.worker import bench
+
+    assert bench.steady_allocator()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    first = libc.malloc(16 << 20)
+    libc.free(first)
+    again = libc.malloc(16 << 20)
+    libc.free(again)
+    assert first == again

@@ -26,12 +26,18 @@ scratch folder; that call's time is reported apart. When Inductor cannot compile
 C++ compiler, an op it rejects), the reason is reported in one line and eager's figures still
 come out.
 
+Before the first sample, glibc's allocator is told to keep freed memory (`steady_allocator`),
+for every side alike: otherwise a buffer freed at the end of a call can go back to the system
+and be faulted in again, page by page, on the next call, and whether it does depends on what
+else the process allocated (with Inductor loaded, kbd's code for level2/77 ran 1.4x slower).
+
 Statistics are the supervisor's job (kbd/results/stats.py); this module only measures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import math
 import time
@@ -156,6 +162,24 @@ def _empty(*args) -> None:
     """What the Python loop calls to measure its own cost."""
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest on 64-bit systems
+
+
+def steady_allocator() -> bool:
+    """Keep freed heap memory in the process (no trimming) and serve blocks below 32 MiB from
+    the heap, not from fresh mappings: calls that free and allocate the same buffers then reuse
+    pages already faulted in. Returns whether the C library took it (glibc's mallopt)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    trimmed = mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    mapped = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+    return bool(trimmed and mapped)
+
+
 def _alternate(
     compiled_sample: Sample,
     eager_sample: Sample,
@@ -169,6 +193,7 @@ def _alternate(
     """Calibrate each side's batch size, then take alternating samples: compiled, eager, and
     the second baseline when there is one."""
     second = baseline.sample if baseline is not None else None
+    steady_allocator()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a sample is noise, not the kernel's cost
     try:

@@ -10,8 +10,9 @@ such a convolution computes a row rounded up to a multiple of 16 columns, over a
 rows are padded with zeros to match, and the result is the first columns of each row (a copy
 that the epilogue it feeds fuses). A row is padded only when the vector steps drop by at
 least a fifth and the row grows by at most a quarter: the padded input and the copy cost
-passes over memory (a transposed conv2d's rows of 34 columns, padded to 48, took 1.7x as long). A conv3d's stacked depth taps are a copy already: their
-rows may grow more (18 columns to 32).
+passes over memory (a transposed conv2d's rows of 34 columns, padded to 48, took 1.7x as
+long). A conv3d's stacked depth taps are a copy already: their rows may grow more (18 columns
+to 32).
 """
 
 from __future__ import annotations
