@@ -1237,3 +1237,21 @@ def test_bool_buffers_are_bytes_under_vectorized_code():
     mlir.Compiled(module, 2, openmp=True)([*outputs, *ingress.buffers_from_args(args)])
     for got, expected in zip(outputs, Masked()(*args), strict=True):
         np.testing.assert_array_equal(got, expected.numpy())
+
+
+def test_a_batch_norm_after_a_convolution_is_vectorized_without_its_assert():
+    """kbd-drop-generic-asserts: torch-mlir's batch norm asserts its divisor is not zero inside
+    the epilogue's body, which kept the fused epilogue a scalar loop; dropped, the epilogue (the
+    norm's square root included) is vector code."""
+    path = SCHEDULES / "x86_64" / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    module = mlir.import_model(model, [torch.randn(2, 3, 9, 21)])
+    assert "cf.assert" in str(module)
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage is _last_parallel_generics(stages):
+            break
+    text = str(module)
+    assert "cf.assert" not in text and "linalg.generic" not in text
+    assert re.search(r"math\.sqrt .* : vector<[0-9x]*16xf32>", text)

@@ -43,6 +43,7 @@ REWRITES = {
     "kbd-poolings-as-taps": pooling.poolings_as_taps,
     "kbd-mark-parallel-generics": parallel_generics.mark_parallel_generics,
     "kbd-mark-reduction-inputs": parallel_generics.mark_reduction_inputs,
+    "kbd-drop-generic-asserts": parallel_generics.drop_generic_asserts,
     "kbd-collapse-reduction-dims": reduction_dims.collapse_reduction_dims,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
+from kbd.worker.mlir.walk import ops_named
+
 RANK = "kbd.rank"
 MAX_RANK = 6  # the ranks parallel-generics.mlir has a sequence for
 
@@ -87,3 +89,20 @@ def _parallel_rank(op: ir.Operation) -> int | None:
         elif isinstance(value.type, ir.ShapedType):
             return None  # memrefs, unranked tensors
     return len(iterators)
+
+
+def drop_generic_asserts(module: ir.Module) -> int:
+    """Erase the `cf.assert`s inside `linalg.generic` bodies; returns how many were erased.
+
+    torch-mlir's batch norm checks `sqrt(var + eps) != 0` per element with one: eager checks
+    nothing (it divides, giving inf), and an op with an assert in its body cannot be vectorized,
+    so the whole fused epilogue around it would stay a scalar loop."""
+    erased = 0
+    with module.context:
+        for generic in ops_named(module, "linalg.generic"):
+            for block in generic.operation.regions[0].blocks:
+                for op in list(block.operations):
+                    if op.operation.name == "cf.assert":
+                        op.operation.erase()
+                        erased += 1
+    return erased
