@@ -14,10 +14,16 @@ value, strided or not, so a strided convolution needs no phases.
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import linalg, tensor
+from torch_mlir.dialects import linalg
 
 from kbd.worker.mlir import conv_widths
-from kbd.worker.mlir.walk import channel_init, int_array, ops_named, static_operand_types
+from kbd.worker.mlir.walk import (
+    channel_init,
+    int_array,
+    ops_named,
+    static_operand_types,
+    transposed,
+)
 
 TO_CHANNELS_LAST = [0, 2, 3, 1]  # [N, C, H, W] -> [N, H, W, C]
 TO_CHANNELS_FIRST = [0, 3, 1, 2]  # [N, H, W, C] -> [N, C, H, W]
@@ -42,25 +48,17 @@ def convs_channels_last(module: ir.Module) -> int:
             element = types[2].element_type
             with ir.InsertionPoint(op), op.location:
                 conv = linalg.conv_2d_nhwc_hwcf(
-                    _transposed(image, element, TO_CHANNELS_LAST),
-                    _transposed(weight, element, KERNEL_TO_HWCF),
+                    transposed(image, TO_CHANNELS_LAST),
+                    transposed(weight, KERNEL_TO_HWCF),
                     outs=[
                         channel_init(init, element, [n, oh, ow, f], 3)
-                        or _transposed(init, element, TO_CHANNELS_LAST)
+                        or transposed(init, TO_CHANNELS_LAST)
                     ],
                     strides=int_array(op, "strides"),
                     dilations=int_array(op, "dilations"),
                 )
-                result = _transposed(conv, element, TO_CHANNELS_FIRST)
+                result = transposed(conv, TO_CHANNELS_FIRST)
             op.results[0].replace_all_uses_with(result)
             op.erase()
             changed += 1
     return changed
-
-
-def _transposed(value: ir.Value, element, permutation: list[int]) -> ir.Value:
-    shape = ir.RankedTensorType(value.type).shape
-    moved = [shape[p] for p in permutation]
-    return linalg.transpose(
-        value, outs=[tensor.empty(moved, element)], permutation=permutation
-    ).results[0]

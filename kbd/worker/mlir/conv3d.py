@@ -34,6 +34,7 @@ from kbd.worker.mlir.walk import (
     ops_named,
     producer,
     static_operand_types,
+    transposed,
 )
 
 
@@ -136,7 +137,7 @@ class _Conv3d:
             [],
             [od, *conv_shape],
         )
-        return self._transposed(expanded, layout.back)
+        return transposed(expanded, layout.back)
 
     def _conv(self, image, weight, init, first, last, tap, end, layout) -> ir.Value:
         """The convolution of output depths [first, last) over depth taps [tap, end)."""
@@ -164,7 +165,7 @@ class _Conv3d:
         stacked.owner.attributes[conv_widths.INPUT_COPY] = ir.UnitAttr.get()
         kernel = extract(weight, element, [0, 0, tap, 0, 0], [f, c, taps, kh, kw])
         if layout.kernel != [0, 1, 2, 3, 4]:
-            kernel = self._transposed(kernel, layout.kernel)
+            kernel = transposed(kernel, layout.kernel)
         kernel_shape = ir.RankedTensorType(kernel.type).shape
         kernel = tensor.collapse_shape(
             ir.RankedTensorType.get(_collapsed(kernel_shape, layout.kernel_groups), element),
@@ -213,16 +214,9 @@ class _Conv3d:
             return fresh
         n, f, (_, oh, ow) = self.image[0], self.kernel[0], self.output
         part = extract(init, self.element, [0, 0, first, 0, 0], [n, f, last - first, oh, ow])
-        moved = self._transposed(part, layout.init)
+        moved = transposed(part, layout.init)
         groups = [[0, 1], [2], [3], [4]]
         return tensor.collapse_shape(ir.RankedTensorType.get(rows, self.element), moved, groups)
-
-    def _transposed(self, value, permutation) -> ir.Value:
-        shape = ir.RankedTensorType(value.type).shape
-        moved = [shape[p] for p in permutation]
-        return linalg.transpose(
-            value, outs=[tensor.empty(moved, self.element)], permutation=permutation
-        ).results[0]
 
 
 def _depth_groups(image, od: int, kd: int, strides, dilations) -> list[tuple[int, int, int, int]]:

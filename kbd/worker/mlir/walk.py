@@ -69,3 +69,12 @@ def channel_init(init: ir.Value, element, shape: list[int], channel_dim: int) ->
         return None
     broadcast = [d for d in range(len(shape)) if d != channel_dim]
     return linalg.broadcast(bias, outs=[tensor.empty(shape, element)], dimensions=broadcast)
+
+
+def transposed(value: ir.Value, permutation: list[int]) -> ir.Value:
+    """A `linalg.transpose` of `value` into a new tensor: result dim i is `value`'s dim
+    permutation[i]."""
+    value_type = ir.RankedTensorType(value.type)
+    shape = [value_type.shape[p] for p in permutation]
+    empty = tensor.empty(shape, value_type.element_type)
+    return linalg.transpose(value, outs=[empty], permutation=permutation).results[0]
