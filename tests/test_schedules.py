@@ -43,6 +43,29 @@ class TensorMatrixEinsum(torch.nn.Module):
         return torch.einsum("bijl,lk->bijk", a, b)
 
 
+class Lstm(torch.nn.Module):
+    """Two LSTM layers: torch-mlir imports the first layer's input projection over all steps as
+    a batch matmul against a copy of W per step (kbd-shared-b-batch-matmuls-as-matmuls), and
+    each step's gates as element-wise ops after a matmul (the epilogue stages)."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)  # the same weights for kbd and for torch
+        self.lstm = torch.nn.LSTM(24, 32, 2, batch_first=True)
+        for weight in self.lstm.parameters():
+            weight.data = torch.rand(weight.shape, generator=generator) * 0.4 - 0.2
+
+    def forward(self, x):
+        return self.lstm(x)[0]
+
+
+class SharedWeightBmm(torch.nn.Module):
+    """x @ W for a 3-D x written as a batch matmul against W repeated in every batch."""
+
+    def forward(self, x, w):
+        return torch.bmm(x, w.t().unsqueeze(0).expand(x.shape[0], -1, -1))
+
+
 class TwoMatmuls(torch.nn.Module):
     def forward(self, a, b):
         return torch.relu(a @ b) @ b
@@ -341,6 +364,8 @@ CASES = {
         (LinearRelu, [(11, 37), (70, 37), (70,)]),  # partial tiles in M, N and K
         (LinearRelu, [(130, 40), (24, 40), (24,)]),  # too many rows to fold: matmul.mlir
         (TensorMatrixEinsum, [(2, 3, 5, 24), (24, 40)]),  # kbd-unit-dims-as-reshapes first
+        (SharedWeightBmm, [(4, 5, 24), (40, 24)]),  # one matmul of 20 rows, W's transpose folded
+        (Lstm, [(3, 4, 24)]),  # gates vectorized after each step's matmul
     ],
     "batch_matmul": [
         (Bmm, [(2, 64, 32), (2, 32, 64)]),
@@ -721,6 +746,55 @@ def test_a_one_batch_product_and_a_unit_dim_transpose_become_a_matmul_and_reshap
     module = mlir.import_model(Transposes(), [torch.randn(2, 4, 8), torch.randn(2, 8, 3)])
     mlir.apply_stage(module, stage)
     assert "linalg.batch_matmul" in str(module) and "linalg.transpose" in str(module)
+
+
+def test_a_batch_matmul_against_one_shared_matrix_becomes_one_matmul():
+    """kbd-shared-b-batch-matmuls-as-matmuls: a batch matmul whose B is one matrix copied into
+    every batch becomes one matmul of the batches' rows stacked, reading the matrix itself (no
+    copies); a batch matmul with a B per batch is left alone."""
+    stage = descriptor.resolve_pipeline(
+        ["kbd-shared-b-batch-matmuls-as-matmuls"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    module = mlir.import_model(SharedWeightBmm(), [torch.randn(4, 5, 24), torch.randn(40, 24)])
+    assert "linalg.batch_matmul" in str(module)
+    mlir.apply_stage(module, stage)
+    after = str(module)
+    assert "linalg.batch_matmul" not in after and "tensor<4x24x40xf32>" not in after
+    assert "ins(%collapsed, %transposed : tensor<20x24xf32>, tensor<24x40xf32>)" in after
+
+    class Bmm(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.bmm(a, b)
+
+    module = mlir.import_model(Bmm(), [torch.randn(4, 5, 24), torch.randn(4, 24, 40)])
+    mlir.apply_stage(module, stage)
+    assert "linalg.batch_matmul" in str(module)
+
+
+def test_float_arithmetic_may_be_contracted_into_fused_multiply_adds():
+    """kbd-contract-float-arithmetic marks every float add, subtract and multiply `contract`
+    (LLVM may fuse a multiply into the add that uses it), keeping flags already there; the
+    common LLVM lowering runs it."""
+    assert "kbd-contract-float-arithmetic" in (SCHEDULES / "llvm-lowering.yaml").read_text()
+    stage = descriptor.resolve_pipeline(
+        ["kbd-contract-float-arithmetic"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    with ir.Context():
+        module = ir.Module.parse(
+            """
+            func.func @f(%a: vector<16xf32>, %b: vector<16xf32>, %c: f32, %d: f32)
+                -> (vector<16xf32>, f32) {
+              %p = arith.mulf %a, %b : vector<16xf32>
+              %s = arith.addf %p, %a fastmath<nnan> : vector<16xf32>
+              %q = arith.mulf %c, %d : f32
+              %r = arith.subf %q, %c : f32
+              return %s, %r : vector<16xf32>, f32
+            }
+            """
+        )
+        mlir.apply_stage(module, stage)
+        text = str(module)
+    assert text.count("fastmath<contract>") == 3 and "fastmath<nnan,contract>" in text
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ REWRITES = {
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
     "kbd-fold-transpose-into-batch-matmul": rewrites.fold_transpose_into_batch_matmul,
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
+    "kbd-shared-b-batch-matmuls-as-matmuls": rewrites.shared_b_batch_matmuls_as_matmuls,
     "kbd-strided-convs-as-phases": strided_conv.strided_convs_as_phases,
     "kbd-depthwise-convs-as-taps": depthwise.depthwise_convs_as_taps,
     "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
@@ -57,6 +58,7 @@ REWRITES = {
     "kbd-outputs-in-place": rewrites.outputs_in_place,
     "kbd-strided-copies-as-loops": rewrites.strided_copies_as_loops,
     "kbd-hoist-allocas": rewrites.hoist_allocas,
+    "kbd-contract-float-arithmetic": rewrites.contract_float_arithmetic,
 }
 
 

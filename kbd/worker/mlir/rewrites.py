@@ -716,6 +716,123 @@ def unit_dims_as_reshapes(module: ir.Module) -> int:
     return changed
 
 
+_CONTRACTIBLE = frozenset({"arith.addf", "arith.subf", "arith.mulf"})
+
+
+def contract_float_arithmetic(module: ir.Module) -> int:
+    """Allow LLVM to fuse each float multiply with the add or subtract that uses it into one
+    fused multiply-add (the `contract` fast-math flag on every `arith.addf`, `arith.subf` and
+    `arith.mulf`; the `kbd-contract-float-arithmetic` stage); returns how many ops changed.
+
+    The schedules' partial products (a matmul over rows of W, a conv's taps) and the polynomial
+    exp and erf are multiplies feeding adds; without the flag LLVM keeps them two instructions
+    (one rounding more, never less accurate fused). Nothing else is relaxed: no reassociation,
+    no assumptions about NaN or infinity."""
+    changed = 0
+    with module.context:
+        for name in sorted(_CONTRACTIBLE):
+            for op in ops_named(module, name):
+                op = op.operation
+                flags = str(op.attributes["fastmath"]) if "fastmath" in op.attributes else ""
+                kept = flags.removeprefix("#arith.fastmath<").removesuffix(">").split(",")
+                kept = [f.strip() for f in kept if f.strip() and f.strip() != "none"]
+                if "contract" in kept or "fast" in kept:
+                    continue
+                op.attributes["fastmath"] = ir.Attribute.parse(
+                    f"#arith.fastmath<{','.join([*kept, 'contract'])}>"
+                )
+                changed += 1
+    return changed
+
+
+def _broadcast_source(value: ir.Value) -> ir.Value | None:
+    """The [K, N] matrix that `value` ([batch, K, N]) repeats in every batch, when `value` is a
+    `linalg.generic` that only copies it along a new leading dim; else None."""
+    made = producer(value)
+    if made is None or made.name != "linalg.generic" or len(made.operands) != 2:
+        return None
+    source = made.operands[0]
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(made.attributes["indexing_maps"])]
+    body = made.regions[0].blocks[0]
+    terminator = list(body.operations)[-1]
+    if (
+        len(list(body.operations)) != 1
+        or list(terminator.operands) != [body.arguments[0]]
+        or str(maps[0]) != "(d0, d1, d2) -> (d1, d2)"
+        or str(maps[1]) != "(d0, d1, d2) -> (d0, d1, d2)"
+    ):
+        return None
+    return source
+
+
+def shared_b_batch_matmuls_as_matmuls(module: ir.Module) -> int:
+    """Make each `linalg.batch_matmul` (static) whose B is one matrix repeated in every batch a
+    `linalg.matmul` of the batches' rows stacked, `[batch * M, K] x [K, N]`, between reshapes
+    (the `kbd-shared-b-batch-matmuls-as-matmuls` stage); returns how many changed.
+
+    torch-mlir imports `x @ W` for a 3-D x (an RNN's input projection over all its steps) as a
+    copy of W per batch, then a batch matmul: the copies are written on every call, and no
+    matmul schedule took the product, so it fell to the loop lowering. As one matmul, W is read
+    once, and `kbd-fold-transpose-into-matmul` can then fold W's transpose (`nn.Linear`)."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        plain = [  # C[b, m, n] += A[b, m, k] * B[b, k, n]
+            ir.AffineMapAttr.get(ir.AffineMap.get(4, 0, [ir.AffineDimExpr.get(d) for d in dims]))
+            for dims in ((0, 1, 3), (0, 3, 2), (0, 1, 2))
+        ]
+        for op in ops_named(module, "linalg.batch_matmul"):
+            op = op.operation
+            types = [ir.RankedTensorType(v.type) for v in op.operands]
+            source = _broadcast_source(op.operands[1])
+            if (
+                source is None
+                or list(ir.ArrayAttr(op.attributes["indexing_maps"])) != plain
+                or len(types) != 3
+                or not all(t.has_static_shape for t in types)
+            ):
+                continue
+            batch, rows, _ = types[2].shape
+            stacked = [[0, 1], [2]]
+            with ir.InsertionPoint(op), op.location:
+                rows_a = [batch * rows, types[0].shape[2]]
+                a = tensor.collapse_shape(
+                    ir.RankedTensorType.get(rows_a, types[0].element_type), op.operands[0], stacked
+                )
+                c = _stacked_init(op.operands[2], types[2])
+                product = linalg.matmul(a, source, outs=[c], indexing_maps=_matmul_maps((2, 1)))
+                result = tensor.expand_shape(types[2], product, stacked, [], types[2].shape)
+            copies, init = producer(op.operands[1]), producer(op.operands[2])
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+            for dead in (copies, init):  # W's copies and the batched fill, once unused
+                if dead is not None and not list(dead.results[0].uses):
+                    empty = producer(dead.operands[-1])
+                    dead.erase()
+                    if (
+                        empty is not None
+                        and empty.name == "tensor.empty"
+                        and not list(empty.results[0].uses)
+                    ):
+                        empty.erase()
+            changed += 1
+    return changed
+
+
+def _stacked_init(value: ir.Value, batched: ir.RankedTensorType) -> ir.Value:
+    """`value` (of type `batched`) with its batch dim folded into its rows: a new fill of a new
+    empty tensor for a fill of an empty one (so the schedules still find the matmul's fill as
+    its init's producer), else a collapse_shape."""
+    batch, rows, columns = batched.shape
+    target = ir.RankedTensorType.get([batch * rows, columns], batched.element_type)
+    made = producer(value)
+    if made is not None and made.name == "linalg.fill":
+        init = producer(made.operands[1])
+        if init is not None and init.name == "tensor.empty":
+            empty = tensor.empty(target.shape, target.element_type)
+            return linalg.fill(made.operands[0], outs=[empty])
+    return tensor.collapse_shape(target, value, [[0, 1], [2]])
+
+
 def strided_copies_as_loops(module: ir.Module) -> int:
     """Turn every `memref.copy` between buffers that are not both one contiguous run into a
     `linalg.copy`, for the loop lowering; returns how many.

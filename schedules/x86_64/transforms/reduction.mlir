@@ -58,6 +58,7 @@ module attributes {transform.with_named_sequence} {
         %tiled, %forall = transform.structured.fuse %outer tile_sizes [$rows]
             {use_forall, apply_cleanup}
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        transform.annotate %forall "kbd.rows" : !transform.any_op
       }
     }
     transform.apply_cse to %func : !transform.any_op
@@ -85,6 +86,7 @@ module attributes {transform.with_named_sequence} {
         }
         %block, %forall = transform.structured.tile_using_forall %rows tile_sizes [$rows]
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        transform.annotate %forall "kbd.rows" : !transform.any_op
       }
     }
     %generics4 = transform.structured.match ops{["linalg.generic"]} in %func
@@ -107,10 +109,13 @@ module attributes {transform.with_named_sequence} {
         }
         %block, %forall = transform.structured.tile_using_forall %rows tile_sizes [1, $rows]
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        transform.annotate %forall "kbd.rows" : !transform.any_op
       }
     }
-    // 4. Each block's ops, by shape. `match ... in` takes one op at a time.
-    %blocks = transform.structured.match ops{["scf.forall"]} in %func
+    // 4. Each block's ops, by shape. `match ... in` takes one op at a time. Only the blocks
+    //    made above (marked kbd.rows): their ops have at most $rows outer rows. A block another
+    //    schedule made (a matmul's, with its partial tiles' fills) is not this script's.
+    %blocks = transform.structured.match ops{["scf.forall"]} attributes{kbd.rows} in %func
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %blocks : !transform.any_op {
     ^bb0(%block: !transform.any_op):
