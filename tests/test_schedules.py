@@ -431,6 +431,9 @@ CASES = {
         (functools.partial(Conv, (6, 1, 3, 3), groups=6, padding=1), [(2, 6, 9, 37)]),
         (functools.partial(Conv, (6, 1, 3, 5), groups=6, stride=2), [(1, 6, 15, 41)]),
         (functools.partial(Conv, (4, 1, 3, 3), groups=4, dilation=(2, 1)), [(1, 4, 15, 70)]),
+        # column stride: taps read contiguous copies of the input's column phases
+        (functools.partial(Conv, (6, 1, 5, 5), groups=6, stride=2, padding=2), [(2, 6, 17, 33)]),
+        (functools.partial(Conv, (4, 1, 3, 3), groups=4, stride=2, dilation=3), [(1, 4, 12, 41)]),
     ],
     "conv3d": [  # kbd-conv3d-as-conv2d, then the conv2d schedule
         (Conv3d, [(2, 3, 5, 9, 12)]),
@@ -875,6 +878,26 @@ def test_a_depthwise_convolution_becomes_a_vectorized_sum_over_its_taps():
             break
     else:
         raise AssertionError("the conv2d schedule has no depthwise.mlir stage")
+
+
+def test_a_depthwise_convolutions_column_stride_reads_contiguous_phases():
+    """With a column stride of 2, kbd-depthwise-convs-as-taps copies the input's two column
+    phases once (contiguous, as wide as the taps read them) and every tap reads a phase with
+    unit column stride: no tap gathers every other column."""
+    stage = descriptor.resolve_pipeline(
+        ["kbd-depthwise-convs-as-taps"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    module = mlir.import_model(Conv((4, 1, 3, 3), groups=4, stride=2), [torch.randn(1, 4, 11, 41)])
+    mlir.apply_stage(module, stage)
+    text = str(module)
+    copies = re.findall(r"materialize_in_destination .* tensor<1x4x11x(\d+)xf32>", text)
+    assert sorted(copies) == ["20", "21"]  # 20 output columns; phase 0 read at offsets 0 and 1
+    taps = [
+        line
+        for line in text.splitlines()
+        if "tensor.extract_slice" in line and "to tensor<1x4x5x20xf32>" in line
+    ]
+    assert len(taps) == 9 and all("[1, 1, 2, 1]" in line for line in taps)
 
 
 def test_a_convolutions_epilogue_and_copies_become_vector_code_in_parallel_rows():

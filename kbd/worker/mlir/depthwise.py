@@ -12,12 +12,19 @@ attribute `kbd.depthwise`, by which `depthwise.mlir` tiles it along the output's
 columns and vectorizes it: per tap, a row of the input times a broadcast weight, one `fma`.
 The linalg op itself has no schedule: the conv vectorizer takes only 1-D depthwise convolutions
 in channels-last layout.
+
+With a column stride s > 1, a tap's view would read every s-th column: each vector of outputs
+gathered lane by lane, for every tap (MobileNet's and EfficientNet's downsampling layers spent
+most of the network's time there). The input is first split into its column phases (phase p:
+columns p, p + s, p + 2s, ... copied contiguous, once), and a tap reads phase (j * dw) mod s at
+column offset (j * dw) div s, contiguously. The copies are `memref.copy`s between strided
+buffers after bufferization, which `kbd-strided-copies-as-loops` leaves to LLVM's vectorizer.
 """
 
 from __future__ import annotations
 
 from torch_mlir import ir
-from torch_mlir.dialects import arith, linalg
+from torch_mlir.dialects import arith, bufferization, linalg, tensor
 
 from kbd.worker.mlir.walk import extract, insert, int_array, ops_named, static_operand_types
 
@@ -41,15 +48,20 @@ def depthwise_convs_as_taps(module: ir.Module) -> int:
             element = types[2].element_type
             views, columns = [], []
             with ir.InsertionPoint(op), op.location:
+                phases = _column_phases(image, types[0], strides[1], dilations[1], kw, ow)
                 for i in range(kh):
                     for j in range(kw):
+                        source, column, column_stride = image, j * dilations[1], strides[1]
+                        if phases:
+                            source = phases[column % strides[1]]
+                            column, column_stride = column // strides[1], 1
                         views.append(
                             extract(
-                                image,
+                                source,
                                 element,
-                                [0, 0, i * dilations[0], j * dilations[1]],
+                                [0, 0, i * dilations[0], column],
                                 [n, c, oh, ow],
-                                strides=[1, 1, strides[0], strides[1]],
+                                strides=[1, 1, strides[0], column_stride],
                             )
                         )
                         columns.append(extract(weight, element, [0, i, j], [c, 1, 1], shape=[c]))
@@ -58,6 +70,28 @@ def depthwise_convs_as_taps(module: ir.Module) -> int:
             op.erase()
             changed += 1
     return changed
+
+
+def _column_phases(image: ir.Value, image_type, stride: int, dilation: int, kw: int, ow: int):
+    """{phase: a contiguous copy of the image's columns phase, phase + stride, ...} for the
+    phases a tap reads, as wide as its taps read; {} for a column stride of 1."""
+    if stride == 1:
+        return {}
+    n, c, h, _ = image_type.shape
+    element = image_type.element_type
+    reach = {}  # phase -> the largest column offset a tap reads it at
+    for j in range(kw):
+        phase, offset = divmod(j * dilation, stride)[::-1]
+        reach[phase] = max(reach.get(phase, 0), offset)
+    phases = {}
+    for phase, offset in sorted(reach.items()):
+        sizes = [n, c, h, ow + offset]
+        view = extract(image, element, [0, 0, 0, phase], sizes, strides=[1, 1, 1, stride])
+        copy = bufferization.materialize_in_destination(
+            view.type, view, tensor.empty(sizes, element)
+        )
+        phases[phase] = copy
+    return phases
 
 
 def _tap_sum(views: list, columns: list, init: ir.Value, out_type) -> ir.Operation:
