@@ -643,12 +643,20 @@ def _without_batch(value: ir.Value, batched: ir.RankedTensorType) -> ir.Value:
     made = producer(value)
     if made is not None and made.name == "tensor.expand_shape" and made.operands[0].type == target:
         return made.operands[0]
-    if made is not None and made.name == "linalg.fill":
-        init = producer(made.operands[1])
-        if init is not None and init.name == "tensor.empty":
-            empty = tensor.empty(target.shape, target.element_type)
-            return linalg.fill(made.operands[0], outs=[empty])
-    return tensor.collapse_shape(target, value, [[0, 1], [2]])
+    refilled = _refilled(value, target)
+    return refilled if refilled is not None else tensor.collapse_shape(target, value, [[0, 1], [2]])
+
+
+def _refilled(value: ir.Value, target: ir.RankedTensorType) -> ir.Value | None:
+    """A new fill of a new empty tensor of type `target` when `value` is a fill of an empty
+    tensor (so the schedules still find a matmul's fill as its init's producer), else None."""
+    made = producer(value)
+    if made is None or made.name != "linalg.fill":
+        return None
+    init = producer(made.operands[1])
+    if init is None or init.name != "tensor.empty":
+        return None
+    return linalg.fill(made.operands[0], outs=[tensor.empty(target.shape, target.element_type)])
 
 
 def unit_dims_as_reshapes(module: ir.Module) -> int:
@@ -726,8 +734,8 @@ def contract_float_arithmetic(module: ir.Module) -> int:
 
     The schedules' partial products (a matmul over rows of W, a conv's taps) and the polynomial
     exp and erf are multiplies feeding adds; without the flag LLVM keeps them two instructions
-    (one rounding more, never less accurate fused). Nothing else is relaxed: no reassociation,
-    no assumptions about NaN or infinity."""
+    and two roundings (fused: one, never less accurate). Nothing else is relaxed: no
+    reassociation, no assumptions about NaN or infinity."""
     changed = 0
     with module.context:
         for name in sorted(_CONTRACTIBLE):
@@ -819,18 +827,12 @@ def shared_b_batch_matmuls_as_matmuls(module: ir.Module) -> int:
 
 
 def _stacked_init(value: ir.Value, batched: ir.RankedTensorType) -> ir.Value:
-    """`value` (of type `batched`) with its batch dim folded into its rows: a new fill of a new
-    empty tensor for a fill of an empty one (so the schedules still find the matmul's fill as
-    its init's producer), else a collapse_shape."""
+    """`value` (of type `batched`) with its batch dim folded into its rows: a fill made afresh
+    (`_refilled`), else a collapse_shape."""
     batch, rows, columns = batched.shape
     target = ir.RankedTensorType.get([batch * rows, columns], batched.element_type)
-    made = producer(value)
-    if made is not None and made.name == "linalg.fill":
-        init = producer(made.operands[1])
-        if init is not None and init.name == "tensor.empty":
-            empty = tensor.empty(target.shape, target.element_type)
-            return linalg.fill(made.operands[0], outs=[empty])
-    return tensor.collapse_shape(target, value, [[0, 1], [2]])
+    refilled = _refilled(value, target)
+    return refilled if refilled is not None else tensor.collapse_shape(target, value, [[0, 1], [2]])
 
 
 def strided_copies_as_loops(module: ir.Module) -> int:
