@@ -670,10 +670,8 @@ def unit_dims_as_reshapes(module: ir.Module) -> int:
     transpose copied the whole result."""
     changed = 0
     with module.context, ir.Location.unknown():
-        plain = [  # C[b, m, n] += A[b, m, k] * B[b, k, n]
-            ir.AffineMapAttr.get(ir.AffineMap.get(4, 0, [ir.AffineDimExpr.get(d) for d in dims]))
-            for dims in ((0, 1, 3), (0, 3, 2), (0, 1, 2))
-        ]
+        # C[b, m, n] += A[b, m, k] * B[b, k, n]
+        plain = [ir.AffineMapAttr.get(m) for m in _product_maps((2, 1), batched=True)]
         for op in ops_named(module, "linalg.batch_matmul"):
             op = op.operation
             types = [ir.RankedTensorType(v.type) for v in op.operands]
@@ -784,10 +782,8 @@ def shared_b_batch_matmuls_as_matmuls(module: ir.Module) -> int:
     once, and `kbd-fold-transpose-into-matmul` can then fold W's transpose (`nn.Linear`)."""
     changed = 0
     with module.context, ir.Location.unknown():
-        plain = [  # C[b, m, n] += A[b, m, k] * B[b, k, n]
-            ir.AffineMapAttr.get(ir.AffineMap.get(4, 0, [ir.AffineDimExpr.get(d) for d in dims]))
-            for dims in ((0, 1, 3), (0, 3, 2), (0, 1, 2))
-        ]
+        # C[b, m, n] += A[b, m, k] * B[b, k, n]
+        plain = [ir.AffineMapAttr.get(m) for m in _product_maps((2, 1), batched=True)]
         for op in ops_named(module, "linalg.batch_matmul"):
             op = op.operation
             types = [ir.RankedTensorType(v.type) for v in op.operands]
