@@ -20,8 +20,7 @@ from kbd.worker.mlir import conv_widths
 from kbd.worker.mlir.walk import (
     channel_init,
     int_array,
-    ops_named,
-    static_operand_types,
+    static_ops,
     transposed,
 )
 
@@ -35,11 +34,7 @@ def convs_channels_last(module: ir.Module) -> int:
     into a channels-last one between transposes; returns how many were rewritten."""
     changed = 0
     with module.context, ir.Location.unknown():
-        for op in ops_named(module, "linalg.conv_2d_nchw_fchw"):
-            op = op.operation
-            types = static_operand_types(op)
-            if types is None:
-                continue
+        for op, types in static_ops(module, "linalg.conv_2d_nchw_fchw"):
             n, f, oh, ow = types[2].shape
             image, weight, init = op.operands
             copied = conv_widths.input_is_copy(image)  # a conv3d's: its layout chosen already

@@ -31,9 +31,8 @@ from kbd.worker.mlir.walk import (
     extract,
     insert,
     int_array,
-    ops_named,
     producer,
-    static_operand_types,
+    static_ops,
     transposed,
 )
 
@@ -82,11 +81,7 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
     over its depth taps stacked as channels; returns how many were rewritten."""
     changed = 0
     with module.context, ir.Location.unknown():
-        for op in ops_named(module, "linalg.conv_3d_ncdhw_fcdhw"):
-            op = op.operation
-            types = static_operand_types(op)
-            if types is None:
-                continue
+        for op, types in static_ops(module, "linalg.conv_3d_ncdhw_fcdhw"):
             n, c, _, h, w = types[0].shape
             f, _, kd, kh, kw = types[1].shape
             _, _, od, oh, ow = types[2].shape

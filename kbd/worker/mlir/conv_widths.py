@@ -25,9 +25,8 @@ from kbd.worker.mlir.walk import (
     extract,
     insert,
     int_array,
-    ops_named,
     producer,
-    static_operand_types,
+    static_ops,
 )
 
 LANES = 16  # the row is padded to a multiple of this many columns
@@ -65,11 +64,7 @@ def pad_conv_widths(module: ir.Module) -> int:
     padded rows; returns how many were rewritten."""
     changed = 0
     with module.context, ir.Location.unknown():
-        for op in ops_named(module, "linalg.conv_2d_nchw_fchw"):
-            op = op.operation
-            types = static_operand_types(op)
-            if types is None:
-                continue
+        for op, types in static_ops(module, "linalg.conv_2d_nchw_fchw"):
             image, weight, init = op.operands
             n, c, h, w = types[0].shape
             f, _, _, kw = types[1].shape

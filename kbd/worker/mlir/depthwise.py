@@ -26,7 +26,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import arith, bufferization, linalg, tensor
 
-from kbd.worker.mlir.walk import extract, insert, int_array, ops_named, static_operand_types
+from kbd.worker.mlir.walk import extract, insert, int_array, static_ops
 
 MARKER = "kbd.depthwise"
 
@@ -36,11 +36,7 @@ def depthwise_convs_as_taps(module: ir.Module) -> int:
     over its taps; returns how many were rewritten."""
     changed = 0
     with module.context, ir.Location.unknown():
-        for op in ops_named(module, "linalg.depthwise_conv_2d_nchw_chw"):
-            op = op.operation
-            types = static_operand_types(op)
-            if types is None:
-                continue
+        for op, types in static_ops(module, "linalg.depthwise_conv_2d_nchw_chw"):
             strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
             image, weight, init = op.operands
             n, c, oh, ow = types[2].shape
@@ -126,11 +122,7 @@ def grouped_convs_as_convs(module: ir.Module) -> int:
     the conv2d schedule computes like any other; returns how many were rewritten."""
     changed = 0
     with module.context, ir.Location.unknown():
-        for op in ops_named(module, "linalg.conv_2d_ngchw_gfchw"):
-            op = op.operation
-            types = static_operand_types(op)
-            if types is None:
-                continue
+        for op, types in static_ops(module, "linalg.conv_2d_ngchw_gfchw"):
             image, weight, init = op.operands
             n, groups, channels, h, w = types[0].shape
             _, filters, _, kh, kw = types[1].shape

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from kbd.worker.mlir.walk import extract, insert, int_array, ops_named, static_operand_types
+from kbd.worker.mlir.walk import extract, insert, int_array, static_ops
 
 CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw": 2, "linalg.conv_1d_ncw_fcw": 1}
 
@@ -93,11 +93,9 @@ def strided_convs_as_phases(module: ir.Module) -> int:
     changed = 0
     with module.context, ir.Location.unknown():
         for name, spatial in CONVOLUTIONS.items():
-            for op in ops_named(module, name):
-                op = op.operation
+            for op, types in static_ops(module, name):
                 strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
-                types = static_operand_types(op)
-                if all(s == 1 for s in strides) or types is None:
+                if all(s == 1 for s in strides):
                     continue
                 image, weight, out = (list(t.shape) for t in types)
                 dims = [

@@ -37,6 +37,17 @@ def static_operand_types(op) -> list[ir.RankedTensorType] | None:
     return types if all(t.has_static_shape for t in types) else None
 
 
+def static_ops(module: ir.Module, name: str) -> list[tuple[ir.Operation, list]]:
+    """Every op called `name` whose operands are all static tensors, with their types (the
+    convolution rewrites take no other), in walk order."""
+    found = []
+    for op in ops_named(module, name):
+        types = static_operand_types(op.operation)
+        if types is not None:
+            found.append((op.operation, types))
+    return found
+
+
 def extract(value: ir.Value, element, offsets, sizes, *, strides=None, shape=None) -> ir.Value:
     """A static `tensor.extract_slice` of `value`: `sizes` at `offsets` (with `strides`, 1 by
     default), of type `shape` (default `sizes`; fewer dims for a rank-reducing slice)."""
