@@ -31,6 +31,7 @@ from kbd.worker.mlir.walk import (
     extract,
     insert,
     int_array,
+    is_float_constant,
     producer,
     static_ops,
     transposed,
@@ -240,21 +241,13 @@ def _real_depths(image: ir.Value) -> tuple[int, int]:
     if insert_op is None or insert_op.name != "tensor.insert_slice":
         return 0, depth
     fill = producer(insert_op.operands[1])
-    if fill is None or fill.name != "linalg.fill" or not _zero(fill.operands[0]):
+    if fill is None or fill.name != "linalg.fill" or not is_float_constant(fill.operands[0], 0.0):
         return 0, depth
     offsets = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_offsets"]))
     sizes = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_sizes"]))
     if len(offsets) != 5 or min(offsets + sizes) < 0:  # a dynamic offset or size
         return 0, depth
     return offsets[2], offsets[2] + sizes[2]
-
-
-def _zero(value: ir.Value) -> bool:
-    constant = producer(value)
-    if constant is None or constant.name != "arith.constant":
-        return False
-    attribute = constant.attributes["value"]
-    return isinstance(attribute, ir.FloatAttr) and attribute.value == 0.0
 
 
 def _collapsed(shape: list[int], groups: list[list[int]]) -> list[int]:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, tensor
 
-from kbd.worker.mlir.walk import extract, insert, int_array, producer
+from kbd.worker.mlir.walk import extract, insert, int_array, is_float_constant, producer
 
 MARKER = "kbd.pooling"
 RANKS = (3, 4, 5)  # what pooling.mlir tiles: NCW, NCHW and NCDHW
@@ -316,11 +316,7 @@ def _pads_with(pad, value: float) -> bool:
     if len(pad.operands) != 1:  # dynamic low or high sizes
         return False
     yielded = list(pad.regions[0].blocks[0].operations)[-1].operands[0]
-    constant = producer(yielded)
-    if constant is None or constant.name != "arith.constant":
-        return False
-    attribute = constant.attributes["value"]
-    return isinstance(attribute, ir.FloatAttr) and ir.FloatAttr(attribute).value == value
+    return is_float_constant(yielded, value)
 
 
 def _result_in_layout(result: ir.Value, order: list[int]) -> ir.Value | None:

@@ -37,6 +37,15 @@ def static_operand_types(op) -> list[ir.RankedTensorType] | None:
     return types if all(t.has_static_shape for t in types) else None
 
 
+def is_float_constant(value: ir.Value, number: float) -> bool:
+    """Whether `value` is an `arith.constant` float equal to `number`."""
+    constant = producer(value)
+    if constant is None or constant.name != "arith.constant":
+        return False
+    attribute = constant.attributes["value"]
+    return isinstance(attribute, ir.FloatAttr) and ir.FloatAttr(attribute).value == number
+
+
 def static_ops(module: ir.Module, name: str) -> list[tuple[ir.Operation, list]]:
     """Every op called `name` whose operands are all static tensors, with their types (the
     convolution rewrites take no other), in walk order."""
