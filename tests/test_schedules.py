@@ -200,6 +200,21 @@ class Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
+class SelfAttentionHeads(torch.nn.Module):
+    """Two heads of self-attention written out as the transformers of level 3 write them: the
+    projections are nn.Linear's products (matmuls), the scores and the weighted values batch
+    matmuls, with the key's transpose and the head split between them."""
+
+    def forward(self, x, wq, wk, wv):
+        batch, tokens, _ = x.shape
+        q, k, v = (
+            F.linear(x, w).view(batch, tokens, 2, -1).transpose(1, 2).reshape(2 * batch, tokens, -1)
+            for w in (wq, wk, wv)
+        )
+        scores = torch.bmm(q, k.transpose(1, 2)) / q.shape[-1] ** 0.5
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
+
+
 class Cumsum(torch.nn.Module):
     def __init__(self, dim=1):
         super().__init__()
@@ -366,11 +381,13 @@ CASES = {
         (TensorMatrixEinsum, [(2, 3, 5, 24), (24, 40)]),  # kbd-unit-dims-as-reshapes first
         (SharedWeightBmm, [(4, 5, 24), (40, 24)]),  # one matmul of 20 rows, W's transpose folded
         (Lstm, [(3, 4, 24)]),  # gates vectorized after each step's matmul
+        (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
     ],
     "batch_matmul": [
         (Bmm, [(2, 64, 32), (2, 32, 64)]),
         (Bmm, [(3, 20, 24), (3, 24, 37)]),
         (Attention, [(2, 3, 20, 40), (2, 3, 24, 40), (2, 3, 24, 33)]),  # partial tiles everywhere
+        (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
     ],
     "element_wise": [
         (Chain, [(8, 64)]),
@@ -1143,6 +1160,28 @@ def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():
             break
     else:
         raise AssertionError("the batch_matmul schedule has no batch-matmul.mlir stage")
+
+
+@pytest.mark.parametrize("family", ["matmul", "batch_matmul"])
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_both_product_families_schedule_a_transformers_matmuls_and_batch_matmuls(family, feature):
+    """A transformer is a matmul or a batch matmul kernel by whichever product dominates; either
+    way its descriptor includes products.yaml, which schedules every product: none is left as a
+    linalg product (for the loop lowering) whichever family the kernel got."""
+    path = SCHEDULES / "x86_64" / (feature or "") / family / "f32.yaml"
+    args = [torch.randn(2, 20, 40), *(torch.randn(24, 40) for _ in range(3))]
+    module = mlir.import_model(SelfAttentionHeads(), args)
+    before = str(module)
+    assert "linalg.matmul" in before and "linalg.batch_matmul" in before
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    names = [stage.name for stage in stages]
+    for schedule in ("matmul.mlir", "batch-matmul.mlir", "batch-matmul-transposed-b.mlir"):
+        assert schedule in names
+    for stage in stages[: names.index("batch-matmul.mlir") + 1]:
+        mlir.apply_stage(module, stage)
+    after = str(module)
+    assert "linalg.matmul" not in after and "linalg.batch_matmul" not in after
+    assert "vector.contract" in after or "vector.reduction" in after
 
 
 @pytest.mark.parametrize(
