@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -756,3 +757,38 @@ def test_schedules_never_see_the_timing_loops(tmp_path: Path):
         assert record["outcome"] == "pass", record["message"]
         assert record["bench"]["compiled"]["n"] >= 2
         assert record["bench"]["loop"] == loop
+
+
+def test_speedups_are_also_summarized_per_schedule_family_of_the_kernels_pipeline():
+    """The summary's family block groups the timed kernels by the family of the pipeline they
+    ran (tuned or not, found at run time or as a fallback to the scalar pipeline) with their
+    geomeans over eager, over Inductor and Inductor's own; failed kernels are in no row."""
+
+    def timed(kernel: str, pipeline: str, eager: float, inductor: float) -> Record:
+        bench = stats.summarize(_with_inductor(_samples(100.0, eager), inductor), gflop=None)
+        return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench, pipeline=pipeline)
+
+    records = [
+        timed("level3/a", "x86_64/avx512f/conv2d/f32.yaml", 200.0, 100.0),  # 2x, Inductor 1x
+        timed("level3/b", "x86_64/conv2d/f32.yaml {block_oh=8} (tuned)", 50.0, 100.0),
+        timed(
+            "level3/c", "x86_64/avx512f/matmul/f32.yaml (matmul, found at run time)", 300.0, 100.0
+        ),
+        timed("level3/d", "scalar-lowering.yaml (no scan f32 schedule for x86_64)", 10.0, 10.0),
+        Record(
+            kernel="level3/e", outcome="mismatch", phase="check", pipeline="x86_64/norm/f32.yaml"
+        ),
+    ]
+    assert summary.family_of(records[3].pipeline) == "scalar"
+    assert summary.family_of("my/pipeline.yaml --x") == "my/pipeline.yaml"
+    assert summary.family_of("kbd-fold-transpose-into-matmul") == "kbd-fold-transpose-into-matmul"
+    rows = {row.family: row for row in summary.by_family(records)}
+    assert list(rows) == ["conv2d", "matmul", "scalar"]  # most kernels first; no "norm" row
+    conv = rows["conv2d"]
+    assert conv.timed == 2 and conv.geomean_speedup == pytest.approx(1.0, rel=0.03)
+    assert conv.geomean_inductor_over_eager == pytest.approx(math.sqrt(2 * 0.5), rel=0.03)
+    assert rows["matmul"].geomean_over_inductor == pytest.approx(1.0, rel=0.03)
+    assert rows["scalar"].geomean_speedup == pytest.approx(0.1, rel=0.03)
+    table = summary.table(records)
+    assert "by schedule family" in table and re.search(r"\nconv2d\s+2\s+1(\.0\d*)?x", table)
+    assert "by schedule family" not in summary.table(records[:2])  # one family: no block

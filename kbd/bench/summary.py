@@ -10,6 +10,7 @@ With `--mode both`, each mode has its own figures (its records are its denominat
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import msgspec
@@ -95,6 +96,74 @@ def by_level(records: Sequence[Record]) -> list[LevelFigures]:
     return rows
 
 
+class FamilyFigures(msgspec.Struct, frozen=True):
+    """One schedule family's geometric means over the kernels of it that were timed."""
+
+    family: str  # the family of the kernel's pipeline, e.g. "conv2d"; "scalar" for the default
+    timed: int
+    geomean_speedup: float | None
+    inductor_timed: int = 0
+    geomean_over_inductor: float | None = None
+    geomean_inductor_over_eager: float | None = None
+
+
+# A family schedule's path ends <family>/<dtype>.yaml (kbd.plan.descriptor.find_pipeline),
+# before any {vars}, "(tuned)" or reason.
+_FAMILY_SCHEDULE = re.compile(r"(?:^|/)([A-Za-z0-9_]+)/(?:f64|f32|f16|bf16)\.yaml")
+
+
+def family_of(pipeline: str) -> str:
+    """The schedule family a record's `pipeline` names: "conv2d" for
+    "x86_64/avx512f/conv2d/f32.yaml (tuned)", "scalar" for the default pipeline (with or without
+    why it fell back to it), else the pipeline's first word (a `--pipeline` of the user's)."""
+    if pipeline.startswith("scalar-lowering.yaml"):
+        return "scalar"
+    found = _FAMILY_SCHEDULE.search(pipeline.split(" ", 1)[0])
+    return found.group(1) if found else (pipeline.split(" ", 1)[0] or "none")
+
+
+def by_family(records: Sequence[Record]) -> list[FamilyFigures]:
+    """Per schedule family of the timed records (most kernels first): its geometric means over
+    eager, over Inductor and Inductor's own over eager on the kernels timed against it."""
+    families: dict[str, list[Record]] = {}
+    for record in benchmarked(records):
+        families.setdefault(family_of(record.pipeline), []).append(record)
+    rows = []
+    for family, mine in sorted(families.items(), key=lambda item: (-len(item[1]), item[0])):
+        against = [r.bench for r in mine if r.bench.speedup_inductor is not None]
+        rows.append(
+            FamilyFigures(
+                family=family,
+                timed=len(mine),
+                geomean_speedup=geomean([r.bench.speedup for r in mine]),
+                inductor_timed=len(against),
+                geomean_over_inductor=geomean([b.speedup_inductor for b in against]),
+                geomean_inductor_over_eager=geomean([b.inductor_over_eager for b in against]),
+            )
+        )
+    return rows
+
+
+def family_table(records: Sequence[Record]) -> list[str]:
+    """Lines of the per-family block (none when the timed kernels share one family)."""
+    rows = by_family(records)
+    if len(rows) < 2:
+        return []
+    inductor = any(row.inductor_timed for row in rows)
+    width = max(len("family"), *(len(row.family) for row in rows)) + 2
+    head = f"{'family':<{width}}{'timed':>7}{'over eager':>12}"
+    if inductor:
+        head += f"{'over Inductor':>15}{'Inductor/eager':>16}"
+    lines = ["by schedule family (geomeans of the timed kernels; all modes together):", head]
+    for row in rows:
+        text = f"{row.family:<{width}}{row.timed:>7}{_speedup(row.geomean_speedup):>12}"
+        if inductor:
+            text += f"{_speedup(row.geomean_over_inductor):>15}"
+            text += f"{_speedup(row.geomean_inductor_over_eager):>16}"
+        lines.append(text)
+    return lines
+
+
 def geomean(values: Sequence[float]) -> float | None:
     positive = [v for v in values if v > 0]
     if not positive:
@@ -125,6 +194,9 @@ def table(records: Sequence[Record]) -> str:
             text += f"{_speedup(row.geomean_over_inductor):>10}"
             text += f"{_speedup(row.geomean_inductor_over_eager):>16}"
             lines.append(text)
+    families = family_table(records)
+    if families:
+        lines += ["", *families]
     timed = sorted(benchmarked(records), key=lambda r: r.bench.speedup)
     if timed:
         lines.append("")
