@@ -792,3 +792,6 @@ def test_speedups_are_also_summarized_per_schedule_family_of_the_kernels_pipelin
     table = summary.table(records)
     assert "by schedule family" in table and re.search(r"\nconv2d\s+2\s+1(\.0\d*)?x", table)
     assert "by schedule family" not in summary.table(records[:2])  # one family: no block
+    page = report.render(records, "kbd sweep 1")
+    assert "<table class='families'>" in page and "<td>conv2d</td><td>2</td>" in page
+    assert "<table class='families'>" not in report.render(records[:2], "kbd sweep 1")

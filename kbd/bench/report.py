@@ -75,6 +75,9 @@ def render(
             "same Python loop as eager.</p>"
         )
     body.append(_levels_table(levels, several_modes=len(modes) > 1, inductor=inductor))
+    families = summary.by_family(records)
+    if len(families) > 1:
+        body.append(_families_table(families, inductor))
     if timed:
         body.append('<div class="charts">')
         body.append(_fast_p_chart(records))
@@ -204,6 +207,23 @@ def _levels_table(
             f"<td>{_times(lv.geomean_over_inductor)}</td>"
             f"<td>{_times(lv.geomean_inductor_over_eager)}</td></tr>",
         ]
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def _families_table(families: Sequence[summary.FamilyFigures], inductor: bool) -> str:
+    """The geomeans per schedule family of the timed kernels (summary.by_family)."""
+    head = "<th>family</th><th>timed</th><th>geomean over eager</th>"
+    if inductor:
+        head += "<th>over Inductor</th><th>Inductor over eager</th>"
+    lines = [f"<table class='families'><tr>{head}</tr>"]
+    for row in families:
+        cells = f"<td>{html.escape(row.family)}</td><td>{row.timed}</td>"
+        cells += f"<td>{_times(row.geomean_speedup)}</td>"
+        if inductor:
+            cells += f"<td>{_times(row.geomean_over_inductor)}</td>"
+            cells += f"<td>{_times(row.geomean_inductor_over_eager)}</td>"
+        lines.append(f"<tr>{cells}</tr>")
     lines.append("</table>")
     return "\n".join(lines)
 
