@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from kbd.plan.spec import DTYPES
 from kbd.results.record import Record
 from kbd.results.stats import format_ns
 from kbd.shared.outcomes import CORRECT
@@ -109,7 +110,7 @@ class FamilyFigures(msgspec.Struct, frozen=True):
 
 # A family schedule's path ends <family>/<dtype>.yaml (kbd.plan.descriptor.find_pipeline),
 # before any {vars}, "(tuned)" or reason.
-_FAMILY_SCHEDULE = re.compile(r"(?:^|/)([A-Za-z0-9_]+)/(?:f64|f32|f16|bf16)\.yaml")
+_FAMILY_SCHEDULE = re.compile(rf"(?:^|/)([A-Za-z0-9_]+)/(?:{'|'.join(DTYPES)})\.yaml")
 
 
 def family_of(pipeline: str) -> str:
@@ -118,8 +119,9 @@ def family_of(pipeline: str) -> str:
     why it fell back to it), else the pipeline's first word (a `--pipeline` of the user's)."""
     if pipeline.startswith("scalar-lowering.yaml"):
         return "scalar"
-    found = _FAMILY_SCHEDULE.search(pipeline.split(" ", 1)[0])
-    return found.group(1) if found else (pipeline.split(" ", 1)[0] or "none")
+    first = pipeline.split(" ", 1)[0]
+    found = _FAMILY_SCHEDULE.search(first)
+    return found.group(1) if found else (first or "none")
 
 
 def by_family(records: Sequence[Record]) -> list[FamilyFigures]:
