@@ -182,7 +182,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--no-compile-cache",
         action="store_true",
         help="lower and JIT-compile every kernel afresh; neither read nor write the compile "
-        "cache (.kbd/compile-cache, compiled kernels as shared libraries by content address)",
+        "cache (.kbd/compile-cache, compiled kernels as shared libraries by content address) "
+        "nor keep Inductor's caches for --baseline inductor (.kbd/inductor-cache)",
     )
     see = parser.add_argument_group(
         "seeing inside the pipeline",

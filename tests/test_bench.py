@@ -701,24 +701,33 @@ def test_benchmark_sweep_end_to_end(tmp_path: Path):
 
 
 def test_inductor_baseline_end_to_end(tmp_path: Path):
-    """Real Inductor (torch.compile, the C++ compiler) in a contained worker, its caches in the
-    worker's scratch folder: the record carries the speedup over Inductor; on a machine with
-    no C++ compiler, the reason, and eager's figures all the same."""
-    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--bench-processes", "1"]
+    """Real Inductor (torch.compile, the C++ compiler) in contained workers, timed in two
+    processes: the record carries the speedup over Inductor. The kernel's Inductor caches are
+    kept in its folder under .kbd/inductor-cache: the first sweep compiles, the next loads every
+    graph. On a machine with no C++ compiler, the reason, and eager's figures all the same."""
+    quick = ["--bench-time", "0.02", "--bench-samples", "4", "--bench-processes", "2"]
     selection = ["level1/2_", "--benchmark", "--baseline", "inductor", *quick]
-    result = kbd("run", "--json", "--require-sandbox", *fixture_args(*selection), cwd=tmp_path)
-    [record] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert record["outcome"] == "pass", record["message"]
-    bench = record["bench"]
-    assert bench["speedup"] > 0 and bench["eager"]["n"] >= 3
+    records = []
+    for _ in range(2):
+        result = kbd("run", "--json", "--require-sandbox", *fixture_args(*selection), cwd=tmp_path)
+        lines = result.stdout.splitlines()
+        [record] = [json.loads(line) for line in lines if line.startswith("{")]
+        assert record["outcome"] == "pass", record["message"]
+        records.append(record["bench"])
+    first, again = records
+    assert first["speedup"] > 0 and first["eager"]["n"] >= 4
     if shutil.which("g++") or shutil.which("c++"):
-        assert bench["inductor_error"] is None
-        assert bench["inductor"]["n"] == bench["compiled"]["n"]
-        assert bench["speedup_inductor_low"] <= bench["speedup_inductor"]
-        assert bench["speedup_inductor"] <= bench["speedup_inductor_high"]
-        assert bench["inductor_compile_s"] > 0
+        for bench in records:
+            assert bench["inductor_error"] is None
+            assert bench["inductor"]["n"] == bench["compiled"]["n"]
+            assert bench["speedup_inductor_low"] <= bench["speedup_inductor"]
+            assert bench["speedup_inductor"] <= bench["speedup_inductor_high"]
+            assert bench["inductor_compile_s"] > 0
+        assert not first["inductor_cached"] and again["inductor_cached"]
+        [folder] = (tmp_path / ".kbd" / "inductor-cache").iterdir()
+        assert folder.name.startswith("2_") and any(folder.rglob("*.so"))
     else:
-        assert bench["inductor"] is None and bench["inductor_error"]
+        assert first["inductor"] is None and first["inductor_error"]
 
 
 def test_without_a_cxx_compiler_inductor_says_why_and_eager_figures_stay(tmp_path: Path):

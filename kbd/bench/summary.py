@@ -225,7 +225,8 @@ def describe(record: Record) -> str:
         if b.inductor is not None and b.inductor.gflops is not None:
             text += f" (Inductor {b.inductor.gflops:.3g})"
     if b.inductor_compile_s is not None:
-        text += f", Inductor compiled in {b.inductor_compile_s:.1f}s"
+        done = "loaded from its cache" if b.inductor_cached else "compiled"
+        text += f", Inductor {done} in {b.inductor_compile_s:.1f}s"
     if b.loop == "python":
         text += f", call overhead {format_ns(b.overhead_ns)}"
     text += f", n={b.compiled.n}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from kbd.caches import compile_cache, import_cache
+from kbd.caches import compile_cache, import_cache, inductor_cache
 from kbd.engine import dumps, scheduler
 from kbd.engine.scheduler import Planned
 from kbd.engine.scratch import store_files
@@ -91,6 +91,8 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
     mem_limit = options.mem_limit
     cache_dir = Path(options.cwd) / ".kbd" / import_cache.DIRECTORY
     compiled_dir = Path(options.cwd) / ".kbd" / compile_cache.DIRECTORY
+    inductor_dir = Path(options.cwd) / ".kbd" / inductor_cache.DIRECTORY
+    inductor_folders: set[Path] = set()
     past = store.past() if store is not None else {}
     plans = []
     chooser = chooser_for(options, store)
@@ -134,12 +136,20 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
         # a kernel whose pipeline is to be shown (--print-*, --object-file) must run it
         if options.compile_cache and mode == "import" and job.inspect == Inspect():
             job = compile_cache.attach(job, compiled_dir, compile_cache.DEFAULT_MAX_BYTES)
+        if options.compile_cache and job.bench is not None and job.bench.inductor:
+            job = inductor_cache.attach(job, inductor_dir)
+            if job.bench.inductor_cache:
+                inductor_folders.add(Path(job.bench.inductor_cache))
         previous = past.get((entry.name, mode))
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
             memory = max(memory, previous.peak_rss_bytes)
         expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
+    if inductor_folders:
+        inductor_cache.evict(
+            inductor_dir, inductor_cache.DEFAULT_MAX_BYTES, frozenset(inductor_folders)
+        )
     return scheduler.order(plans)
 
 

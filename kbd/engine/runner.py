@@ -96,7 +96,22 @@ async def run_kernel(
     on_memory: Callable[[str, int], None] = lambda kernel, rss: None,
 ) -> Record:
     """Run `job` in a new worker, with its own scratch folder, and return its classified record;
-    a benchmark timed in several processes runs in that many workers, one after another."""
+    a benchmark timed in several processes runs in that many workers, one after another.
+    With `--baseline inductor`, the kernel's processes share a folder for Inductor's caches
+    (kbd.caches.inductor_cache): the kernel's own in the cache, or one removed when it ends."""
+    if job.bench is not None and job.bench.inductor and job.bench.inductor_cache is None:
+        with scratch_folder(f"{label(entry.name, job.mode)}-inductor") as folder:
+            bench = msgspec.structs.replace(job.bench, inductor_cache=str(folder))
+            job = msgspec.structs.replace(job, bench=bench)
+            return await run_kernel(
+                spawner,
+                entry,
+                job,
+                timeout=timeout,
+                log_path=log_path,
+                on_phase=on_phase,
+                on_memory=on_memory,
+            )
     if job.bench is None or job.bench.processes <= 1:
         return await _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory)
     count = job.bench.processes
@@ -154,7 +169,10 @@ async def size_kernel(
 
 async def _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory) -> Record:
     with scratch_folder(label(entry.name, job.mode)) as scratch:
-        limits = msgspec.structs.replace(job.limits, scratch=str(scratch))
+        writable = job.limits.writable
+        if job.bench is not None and job.bench.inductor_cache:
+            writable = (*writable, job.bench.inductor_cache)
+        limits = msgspec.structs.replace(job.limits, scratch=str(scratch), writable=writable)
         job = msgspec.structs.replace(job, limits=limits)
         return await _run_kernel(spawner, entry, job, timeout, log_path, on_phase, on_memory)
 

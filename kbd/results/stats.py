@@ -88,7 +88,10 @@ class Benchmark(msgspec.Struct, frozen=True):
     speedup_inductor: float | None = None
     speedup_inductor_low: float | None = None
     speedup_inductor_high: float | None = None
-    inductor_compile_s: float | None = None  # its first call, which compiled it (per process)
+    # Its first call, which compiled it: the slowest process's, since the kernel's processes
+    # share Inductor's caches and the later ones mostly load (kbd/caches/inductor_cache.py).
+    inductor_compile_s: float | None = None
+    inductor_cached: bool = False  # every process loaded Inductor's graphs from its caches
     inductor_error: str | None = None
 
     @property
@@ -183,6 +186,7 @@ def summarize(samples: BenchSamples, gflop: float | None) -> Benchmark:
         speedup_inductor_low=inductor_low,
         speedup_inductor_high=inductor_high,
         inductor_compile_s=samples.inductor_compile_s,
+        inductor_cached=samples.inductor_cached,
         inductor_error=samples.inductor_error,
     )
 
@@ -207,7 +211,8 @@ def combine(runs: Sequence[BenchSamples], gflop: float | None) -> Benchmark:
         loop=first.loop,
         inductor_ns=[ns for run in runs for ns in run.inductor_ns] if with_inductor else [],
         inductor_batch=first.inductor_batch if with_inductor else 0,
-        inductor_compile_s=median(compile_times) if compile_times else None,
+        inductor_compile_s=max(compile_times) if compile_times else None,
+        inductor_cached=bool(compile_times) and all(run.inductor_cached for run in runs),
         inductor_error=errors[0] if errors else None,
     )
     figures = summarize(pooled, gflop)  # per-side figures and the pooled bootstrap intervals

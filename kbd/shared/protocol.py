@@ -175,6 +175,10 @@ class BenchOptions(msgspec.Struct, frozen=True):
     # `--baseline inductor`: also time torch.compile(model) with its default backend (Inductor)
     # in the same alternation, as a second baseline beside eager.
     inductor: bool = False
+    # Where Inductor keeps its caches for this kernel (kbd/caches/inductor_cache.py): a folder
+    # shared by the kernel's processes, so that only the first compiles. None: the worker's
+    # scratch folder.
+    inductor_cache: str | None = None
 
     def per_process(self, index: int) -> BenchOptions:
         """What the `processes` workers' number `index` (from 0) is asked to measure."""
@@ -187,6 +191,7 @@ class BenchOptions(msgspec.Struct, frozen=True):
             processes=1,
             check_first=index == 0,
             inductor=self.inductor,
+            inductor_cache=self.inductor_cache,
         )
 
 
@@ -390,6 +395,9 @@ class BenchSamples(msgspec.Struct, frozen=True):
     inductor_ns: list[float] = []
     inductor_batch: int = 0
     inductor_compile_s: float | None = None
+    # Whether that first call loaded every graph from Inductor's caches instead of compiling it
+    # (`BenchOptions.inductor_cache`): its time is then mostly Dynamo's tracing and a load.
+    inductor_cached: bool = False
     inductor_error: str | None = None
 
 

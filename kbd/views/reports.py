@@ -257,6 +257,7 @@ def bench_properties(record: Record) -> dict[str, str]:
         "inductor_mad_ns": b.inductor.mad_ns if b.inductor else None,
         "inductor_gflops": b.inductor.gflops if b.inductor else None,
         "inductor_compile_s": b.inductor_compile_s,
+        "inductor_cached": str(b.inductor_cached).lower() if b.inductor else None,
         "inductor_error": b.inductor_error,
     }
     return {

@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import gc
 import math
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -63,21 +64,29 @@ class Baseline:
 
     sample: Sample | None
     compile_s: float | None = None
+    cached: bool = False  # every graph came from Inductor's caches
     error: str | None = None
 
 
-def inductor(model: torch.nn.Module, args: list) -> Baseline:
+def inductor(model: torch.nn.Module, args: list, cache: str | None = None) -> Baseline:
     """`torch.compile(model)` with Inductor, compiled by one call (timed apart), or why not.
 
-    Its caches are in the worker's scratch folder (`sandbox.use_scratch`), the only place a
-    contained worker may write. Precompiled headers are off: Inductor keeps them under the
+    Its caches are in `cache`, the kernel's folder shared by its processes
+    (kbd/caches/inductor_cache.py), or else in the worker's scratch folder
+    (`sandbox.use_scratch`): the only places a contained worker may write. In a warm folder the
+    compile is mostly a load. Precompiled headers are off: Inductor keeps them under the
     template's temporary folder, fixed when it was imported, and in a fresh cache they would
     only add a compile. It compiles in this process: a pool of compile workers would be
     processes outside the worker's accounting."""
     from torch._inductor import config
 
+    if cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+
     config.compile_threads = 1
     config.cpp_cache_precompile_headers = False
+    from torch._dynamo.utils import counters
+
     start = time.perf_counter()
     try:
         compiled = torch.compile(model)
@@ -85,7 +94,11 @@ def inductor(model: torch.nn.Module, args: list) -> Baseline:
             compiled(*args)
     except Exception as exc:  # any failure of Inductor's is the baseline's result
         return Baseline(None, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
-    return Baseline(python_loop(compiled, args), compile_s=time.perf_counter() - start)
+    graphs = counters["inductor"]
+    cached = graphs["fxgraph_cache_hit"] > 0 and graphs["fxgraph_cache_miss"] == 0
+    return Baseline(
+        python_loop(compiled, args), compile_s=time.perf_counter() - start, cached=cached
+    )
 
 
 def first_line(error: BaseException | str) -> str:
@@ -232,6 +245,7 @@ def _alternate(
         inductor_ns=second_ns,
         inductor_batch=second_batch,
         inductor_compile_s=baseline.compile_s if baseline is not None else None,
+        inductor_cached=baseline is not None and baseline.cached,
         inductor_error=baseline.error if baseline is not None else None,
     )
 

@@ -404,7 +404,7 @@ def _second_baseline(job: Job, model, args) -> bench.Baseline | None:
     """Inductor compiled and ready to time, when the job asks for it (`--baseline inductor`)."""
     if not job.bench.inductor:
         return None
-    return bench.inductor(model, args)
+    return bench.inductor(model, args, job.bench.inductor_cache)
 
 
 def _checks_first(job: Job) -> bool:
