@@ -98,6 +98,28 @@ class Bmm(torch.nn.Module):
         return torch.bmm(a, b)
 
 
+class UnrolledRnn(torch.nn.Module):
+    """level3/34's cell unrolled over the steps of x: the same two products (x W^T + b) every
+    step (kbd-outline-repeated-ops makes each one function, called every step)."""
+
+    def forward(self, x, h, w_ih, b_ih, w_ho, b_ho):
+        outputs = []
+        for step in x:
+            h = torch.tanh(F.linear(torch.cat((step, h), dim=1), w_ih, b_ih))
+            outputs.append(F.linear(h, w_ho, b_ho))
+        return torch.stack(outputs)
+
+
+class RepeatedConvs(torch.nn.Module):
+    """A DenseNet block's kind: the same padded 3x3 convolution with other weights three times
+    (one outlined function), then a 1x1 one, which stays in place."""
+
+    def forward(self, x, w1, w2, w3, w4):
+        for weight in (w1, w2, w3):
+            x = torch.relu(F.conv2d(x, weight, padding=1) * 0.2)
+        return F.conv2d(x, w4)
+
+
 class Softmax(torch.nn.Module):
     def forward(self, x):
         return torch.softmax(x, dim=1)
@@ -382,6 +404,8 @@ CASES = {
         (SharedWeightBmm, [(4, 5, 24), (40, 24)]),  # one matmul of 20 rows, W's transpose folded
         (Lstm, [(3, 4, 24)]),  # gates vectorized after each step's matmul
         (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
+        # each step's two products: one outlined function each (kbd-outline-repeated-ops)
+        (UnrolledRnn, [(5, 4, 24), (4, 40), (40, 64), (40,), (16, 40), (16,)]),
     ],
     "batch_matmul": [
         (Bmm, [(2, 64, 32), (2, 32, 64)]),
@@ -422,6 +446,8 @@ CASES = {
         ),
         (functools.partial(Conv, (4, 5, 3, 3), transposed=True, stride=2), [(1, 4, 7, 9)]),
         (TwoConvs, [(2, 3, 10, 21)]),
+        # three alike: one outlined function (kbd-outline-repeated-ops)
+        (RepeatedConvs, [(2, 6, 10, 21), (6, 6, 3, 3), (6, 6, 3, 3), (6, 6, 3, 3), (4, 6, 1, 1)]),
         (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
         # kbd-pad-conv-widths: rows of 30 computed as 32, of 18 (dilated) as 32
         (Conv, [(2, 3, 6, 32)]),
@@ -1391,3 +1417,53 @@ def test_a_batch_norm_after_a_convolution_is_vectorized_without_its_assert():
     text = str(module)
     assert "cf.assert" not in text and "linalg.generic" not in text
     assert re.search(r"math\.sqrt .* : vector<[0-9x]*16xf32>", text)
+
+
+def test_repeated_products_and_convolutions_are_compiled_once():
+    """kbd-outline-repeated-ops: each product or convolution that occurs more than once, with
+    its accumulator's fill and its input's padding, becomes one private function that every
+    copy calls; one that occurs once, or accumulates into a tensor from outside, stays."""
+    stage = descriptor.resolve_pipeline(
+        ["kbd-outline-repeated-ops"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    shapes = [(5, 4, 24), (4, 40), (40, 64), (40,), (16, 40), (16,)]
+    module = mlir.import_model(UnrolledRnn(), [torch.randn(s) for s in shapes])
+    assert str(module).count("linalg.matmul") == 10
+    mlir.apply_stage(module, stage)
+    text = str(module)
+    functions = re.findall(r"func.func private @(\w+)\(([^)]*)\) -> (tensor<[^>]*>)", text)
+    assert sorted(result for _, _, result in functions) == ["tensor<4x16xf32>", "tensor<4x40xf32>"]
+    assert text.count("call @kbd_outlined_") == 10 and text.count("linalg.matmul") == 2
+    assert text.count("linalg.fill") == 2  # the fills moved into the functions
+    assert module.operation.verify()
+    # the epilogues' stage: each step's bias add, one function; its tanh (which the next step's
+    # concatenation takes) and the output's bias add (stacked) are written in place: they stay
+    generics = descriptor.resolve_pipeline(
+        ["kbd-outline-repeated-generics"], schedules_dir=SCHEDULES, cwd=Path("/")
+    )[0]
+    mlir.apply_stage(module, generics)
+    text = str(module)
+    assert text.count("func.func private @kbd_outlined_") == 3
+    assert text.count("call @kbd_outlined_") == 10 + 5 and text.count("linalg.generic") == 1 + 10
+
+    shapes = [(2, 6, 10, 21), (6, 6, 3, 3), (6, 6, 3, 3), (6, 6, 3, 3), (4, 6, 1, 1)]
+    module = mlir.import_model(RepeatedConvs(), [torch.randn(s) for s in shapes])
+    mlir.apply_stage(module, stage)
+    text = str(module)
+    [function] = re.findall(r"func.func private @\w+\(.*", text)
+    assert "tensor<2x6x10x21xf32>, %arg1: tensor<6x6x3x3xf32>) -> tensor<2x6x10x21xf32>" in function
+    main = text[text.index("func.func @main") : text.index("func.func private")]
+    assert main.count("call @kbd_outlined_0") == 3 and main.count("linalg.conv_2d_nchw_fchw") == 1
+    assert "tensor.pad" not in main  # the 3x3 convolutions' padding went with them
+
+    t = "tensor<8x8xf32>"
+    accumulated = f"""
+    func.func @main(%a: {t}, %b: {t}, %c: {t}) -> {t} {{
+      %0 = linalg.matmul ins(%a, %b : {t}, {t}) outs(%c : {t}) -> {t}
+      %1 = linalg.matmul ins(%a, %b : {t}, {t}) outs(%0 : {t}) -> {t}
+      return %1 : {t}
+    }}"""
+    with ir.Context():
+        module = ir.Module.parse(accumulated)
+        mlir.apply_stage(module, stage)
+        assert "call" not in str(module) and str(module).count("linalg.matmul") == 2

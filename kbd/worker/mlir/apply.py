@@ -19,6 +19,7 @@ from kbd.worker.mlir import (
     conv3d,
     conv_widths,
     depthwise,
+    outline,
     parallel_generics,
     pooling,
     reduction_dims,
@@ -31,6 +32,8 @@ TRANSFORM_ENTRY = "__transform_main"
 
 # kbd's own rewrites, by the name a `pass:` stage gives them (not MLIR passes).
 REWRITES = {
+    "kbd-outline-repeated-ops": outline.outline_repeated_ops,
+    "kbd-outline-repeated-generics": outline.outline_repeated_generics,
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
     "kbd-fold-transpose-into-batch-matmul": rewrites.fold_transpose_into_batch_matmul,
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,

@@ -54,7 +54,7 @@ module attributes {transform.with_named_sequence} {
     %panels = transform.structured.match ops{["linalg.batch_matmul"]}
         attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
                                     affine_map<(b, m, n, k) -> (b, k, n)>,
-                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %func
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %root
       : (!transform.any_op) -> !transform.any_op
     // Register level: one reg_m x reg_n tile per step of k.
     %tile, %loops:4 = transform.structured.tile_using_for %panels tile_sizes [1, $reg_m, $reg_n, 1]
@@ -67,7 +67,7 @@ module attributes {transform.with_named_sequence} {
     %tiles = transform.structured.match ops{["linalg.batch_matmul"]}
         attributes{indexing_maps = [affine_map<(b, m, n, k) -> (b, m, k)>,
                                     affine_map<(b, m, n, k) -> (b, k, n)>,
-                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %func
+                                    affine_map<(b, m, n, k) -> (b, m, n)>]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles : !transform.any_op {
     ^bb0(%one: !transform.any_op):
@@ -92,8 +92,13 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_outerproduct
     } : !transform.any_op
     // Masked transfers (partial tiles) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %lowered = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "lower-vector-mask" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     transform.yield
   }
 }

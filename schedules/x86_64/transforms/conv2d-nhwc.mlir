@@ -94,7 +94,7 @@ module attributes {transform.with_named_sequence} {
     } : !transform.any_op
     // Reduction loops inside each register tile, one step each: kh, kw, c; a step is one
     // output row and one kernel row: a 1-D convolution.
-    %register_tiles = transform.structured.match ops{["linalg.conv_2d_nhwc_hwcf"]} in %func
+    %register_tiles = transform.structured.match ops{["linalg.conv_2d_nhwc_hwcf"]} in %root
       : (!transform.any_op) -> !transform.any_op
     %step, %reduction:3 = transform.structured.tile_using_for %register_tiles
         tile_sizes [0, 0, 0, 0, 1, 1, 1]
@@ -106,7 +106,7 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     // Keep the output tile in registers across the reduction loops.
-    %all_loops = transform.structured.match interface{LoopLikeInterface} in %func
+    %all_loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %all_loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %all_loops : !transform.any_op

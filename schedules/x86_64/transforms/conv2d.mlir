@@ -141,14 +141,14 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     // Reduction loops inside each register tile, one step each: c, kw for the 1-D tiles...
-    %register_tiles_1d = transform.structured.match ops{["linalg.conv_1d_ncw_fcw"]} in %func
+    %register_tiles_1d = transform.structured.match ops{["linalg.conv_1d_ncw_fcw"]} in %root
       : (!transform.any_op) -> !transform.any_op
     %step_1d, %reduction_1d:2 = transform.structured.tile_using_for %register_tiles_1d
         tile_sizes [0, 0, 0, 1, 1]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     // ... c, kh, kw for the 2-D ones, whose step is one output row and one kernel row: a 1-D
     // convolution.
-    %register_tiles = transform.structured.match ops{["linalg.conv_2d_nchw_fchw"]} in %func
+    %register_tiles = transform.structured.match ops{["linalg.conv_2d_nchw_fchw"]} in %root
       : (!transform.any_op) -> !transform.any_op
     %step, %reduction:3 = transform.structured.tile_using_for %register_tiles
         tile_sizes [0, 0, 0, 0, 1, 1, 1]
@@ -165,7 +165,7 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     // Keep the output tile in registers across the reduction loops.
-    %all_loops = transform.structured.match interface{LoopLikeInterface} in %func
+    %all_loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %all_loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %all_loops : !transform.any_op

@@ -32,7 +32,7 @@ module attributes {transform.with_named_sequence} {
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
     %tiles = transform.structured.match ops{["linalg.generic"]} attributes{kbd.depthwise}
-        in %func : (!transform.any_op) -> !transform.any_op
+        in %root : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles : !transform.any_op {
     ^bb0(%tile: !transform.any_op):
       transform.structured.vectorize %tile vector_sizes [1, 1, 1, $width] : !transform.any_op
@@ -42,8 +42,13 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     // Masked transfers (a last partial tile) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %lowered = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "lower-vector-mask" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     transform.yield
   }
 }

@@ -6,8 +6,13 @@ module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
-    %fused = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %fused = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     %generics = transform.structured.match ops{["linalg.generic"]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics : !transform.any_op {
@@ -29,8 +34,12 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
     // Masked transfers (a last partial chunk) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func2
-      : (!transform.any_op) -> !transform.any_op
+    %lowered = transform.foreach %func2 : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_2: !transform.any_op):
+      %done_2 = transform.apply_registered_pass "lower-vector-mask" to %function_2
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_2 : !transform.any_op
+    }
     transform.yield
   }
 }

@@ -40,7 +40,7 @@ module attributes {transform.with_named_sequence} {
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
     // Keep the partial sums in registers across the K loop.
-    %loops = transform.structured.match interface{LoopLikeInterface} in %func
+    %loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
@@ -50,8 +50,13 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %lowered = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "lower-vector-mask" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     transform.yield
   }
 }

@@ -62,7 +62,7 @@ module attributes {transform.with_named_sequence} {
     %panels = transform.structured.match ops{["linalg.matmul"]}
         attributes{indexing_maps = [affine_map<(m, n, k) -> (m, k)>,
                                     affine_map<(m, n, k) -> (k, n)>,
-                                    affine_map<(m, n, k) -> (m, n)>]} in %func
+                                    affine_map<(m, n, k) -> (m, n)>]} in %root
       : (!transform.any_op) -> !transform.any_op
     // Register level: one reg_m x reg_n tile per step of k.
     %tile, %loops:3 = transform.structured.tile_using_for %panels tile_sizes [$reg_m, $reg_n, 1]
@@ -75,7 +75,7 @@ module attributes {transform.with_named_sequence} {
     %tiles = transform.structured.match ops{["linalg.matmul"]}
         attributes{indexing_maps = [affine_map<(m, n, k) -> (m, k)>,
                                     affine_map<(m, n, k) -> (k, n)>,
-                                    affine_map<(m, n, k) -> (m, n)>]} in %func
+                                    affine_map<(m, n, k) -> (m, n)>]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles : !transform.any_op {
     ^bb0(%one: !transform.any_op):
@@ -100,8 +100,13 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_outerproduct
     } : !transform.any_op
     // Masked transfers (partial tiles) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %lowered = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "lower-vector-mask" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     transform.yield
   }
 }

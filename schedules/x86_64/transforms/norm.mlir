@@ -17,10 +17,15 @@ module attributes {transform.with_named_sequence} {
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %fused = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %fused = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     // Block sums: rank 3, parallel, parallel, reduction.
-    %generics = transform.structured.match ops{["linalg.generic"]} in %fused
+    %generics = transform.structured.match ops{["linalg.generic"]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics : !transform.any_op {
     ^bb0(%op: !transform.any_op):
@@ -45,7 +50,7 @@ module attributes {transform.with_named_sequence} {
     }
     // Results: $rows outer rows per block.
     %outputs = transform.structured.match ops{["bufferization.materialize_in_destination"]}
-      in %fused : (!transform.any_op) -> !transform.any_op
+      in %root : (!transform.any_op) -> !transform.any_op
     transform.foreach %outputs : !transform.any_op {
     ^bb0(%output: !transform.any_op):
       transform.sequence %output : !transform.any_op failures(suppress) {
@@ -62,7 +67,7 @@ module attributes {transform.with_named_sequence} {
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
       }
     }
-    %blocks = transform.structured.match ops{["scf.forall"]} in %fused
+    %blocks = transform.structured.match ops{["scf.forall"]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %blocks : !transform.any_op {
     ^bb0(%block: !transform.any_op):
@@ -109,7 +114,7 @@ module attributes {transform.with_named_sequence} {
       }
     }
     // Keep accumulators in registers across their loops; lower what vectorization left.
-    %loops = transform.structured.match interface{LoopLikeInterface} in %fused
+    %loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
@@ -119,12 +124,16 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %loops2 = transform.structured.match interface{LoopLikeInterface} in %fused
+    %loops2 = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops2 : !transform.any_op
     // Masked transfers (a last partial chunk) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %fused
-      : (!transform.any_op) -> !transform.any_op
+    %lowered = transform.foreach %fused : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_2: !transform.any_op):
+      %done_2 = transform.apply_registered_pass "lower-vector-mask" to %function_2
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_2 : !transform.any_op
+    }
     transform.yield
   }
 }

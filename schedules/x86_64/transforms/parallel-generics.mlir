@@ -90,8 +90,13 @@ module attributes {transform.with_named_sequence} {
     } : !transform.any_op
     // Masked transfers (a row's last partial chunk) must be plain masked ops before
     // bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %lowered = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "lower-vector-mask" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     transform.yield
   }
 }

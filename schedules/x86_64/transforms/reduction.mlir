@@ -42,7 +42,7 @@ module attributes {transform.with_named_sequence} {
       : (!transform.any_op) -> !transform.any_op
     // 2. Results: $rows outer rows per block, producers fused.
     %outputs = transform.structured.match ops{["bufferization.materialize_in_destination"]}
-      in %func : (!transform.any_op) -> !transform.any_op
+      in %root : (!transform.any_op) -> !transform.any_op
     transform.foreach %outputs : !transform.any_op {
     ^bb0(%output: !transform.any_op):
       transform.sequence %output : !transform.any_op failures(suppress) {
@@ -64,7 +64,7 @@ module attributes {transform.with_named_sequence} {
     transform.apply_cse to %func : !transform.any_op
     // 3. Last-dim reductions outside every block (all other dims parallel): blocks of their
     //    own, $rows rows of a rank-2 or rank-3 op, or of the second dim of a rank-4 one.
-    %generics = transform.structured.match ops{["linalg.generic"]} in %func
+    %generics = transform.structured.match ops{["linalg.generic"]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics : !transform.any_op {
     ^bb0(%op: !transform.any_op):
@@ -89,7 +89,7 @@ module attributes {transform.with_named_sequence} {
         transform.annotate %forall "kbd.rows" : !transform.any_op
       }
     }
-    %generics4 = transform.structured.match ops{["linalg.generic"]} in %func
+    %generics4 = transform.structured.match ops{["linalg.generic"]} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %generics4 : !transform.any_op {
     ^bb0(%op: !transform.any_op):
@@ -115,7 +115,7 @@ module attributes {transform.with_named_sequence} {
     // 4. Each block's ops, by shape. `match ... in` takes one op at a time. Only the blocks
     //    made above (marked kbd.rows): their ops have at most $rows outer rows. A block another
     //    schedule made (a matmul's, with its partial tiles' fills) is not this script's.
-    %blocks = transform.structured.match ops{["scf.forall"]} attributes{kbd.rows} in %func
+    %blocks = transform.structured.match ops{["scf.forall"]} attributes{kbd.rows} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %blocks : !transform.any_op {
     ^bb0(%block: !transform.any_op):
@@ -382,7 +382,7 @@ module attributes {transform.with_named_sequence} {
       }
     }
     // Keep accumulators in registers across their loops; lower what vectorization left.
-    %loops = transform.structured.match interface{LoopLikeInterface} in %func
+    %loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
@@ -392,12 +392,17 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %loops2 = transform.structured.match interface{LoopLikeInterface} in %func
+    %loops2 = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops2 : !transform.any_op
     // Masked transfers (a last partial chunk) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %func
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %lowered = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "lower-vector-mask" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
     transform.yield
   }
 }

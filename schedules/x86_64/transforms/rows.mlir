@@ -20,12 +20,21 @@ module attributes {transform.with_named_sequence} {
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %folded = transform.apply_registered_pass "linalg-fold-unit-extent-dims" to %func
-      : (!transform.any_op) -> !transform.any_op
-    %fused = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %folded
-      : (!transform.any_op) -> !transform.any_op
+    // One function at a time: a registered pass takes exactly one payload op.
+    %folded = transform.foreach %func : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_1: !transform.any_op):
+      %done_1 = transform.apply_registered_pass "linalg-fold-unit-extent-dims" to %function_1
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_1 : !transform.any_op
+    }
+    %fused = transform.foreach %folded : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_2: !transform.any_op):
+      %done_2 = transform.apply_registered_pass "linalg-fuse-elementwise-ops" to %function_2
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_2 : !transform.any_op
+    }
     %outputs = transform.structured.match ops{["bufferization.materialize_in_destination"]}
-      in %fused : (!transform.any_op) -> !transform.any_op
+      in %root : (!transform.any_op) -> !transform.any_op
     transform.foreach %outputs : !transform.any_op {
     ^bb0(%output: !transform.any_op):
       transform.sequence %output : !transform.any_op failures(suppress) {
@@ -39,7 +48,7 @@ module attributes {transform.with_named_sequence} {
       }
     }
     transform.apply_cse to %fused : !transform.any_op
-    %blocks = transform.structured.match ops{["scf.forall"]} in %fused
+    %blocks = transform.structured.match ops{["scf.forall"]} in %root
       : (!transform.any_op) -> !transform.any_op
     // One block at a time: `match ... in` takes exactly one op (a function returning several
     // results has an scf.forall for each).
@@ -104,7 +113,7 @@ module attributes {transform.with_named_sequence} {
       }
     }
     // Keep accumulators in registers across their loops; lower what vectorization left.
-    %loops = transform.structured.match interface{LoopLikeInterface} in %fused
+    %loops = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.apply_licm to %loops : !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op
@@ -114,12 +123,16 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    %loops2 = transform.structured.match interface{LoopLikeInterface} in %fused
+    %loops2 = transform.structured.match interface{LoopLikeInterface} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.loop.hoist_loop_invariant_subsets %loops2 : !transform.any_op
     // Masked transfers (a last partial chunk) must be plain masked ops before bufferization.
-    %lowered = transform.apply_registered_pass "lower-vector-mask" to %fused
-      : (!transform.any_op) -> !transform.any_op
+    %lowered = transform.foreach %fused : !transform.any_op -> !transform.any_op {
+    ^bb0(%function_3: !transform.any_op):
+      %done_3 = transform.apply_registered_pass "lower-vector-mask" to %function_3
+        : (!transform.any_op) -> !transform.any_op
+      transform.yield %done_3 : !transform.any_op
+    }
     transform.yield
   }
 }
