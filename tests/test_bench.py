@@ -731,8 +731,10 @@ def test_inductor_baseline_end_to_end(tmp_path: Path):
 
 
 def test_without_a_cxx_compiler_inductor_says_why_and_eager_figures_stay(tmp_path: Path):
-    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--bench-processes", "1"]
-    selection = ["level1/2_", "--benchmark", "--baseline", "inductor", *quick]
+    """Also without the compile cache: Inductor's caches then go in a folder for the kernel's
+    processes that is removed after it, none under .kbd/."""
+    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--bench-processes", "2"]
+    selection = ["level1/2_", "--benchmark", "--baseline", "inductor", "--no-compile-cache", *quick]
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler")}
     result = kbd("run", "--json", *fixture_args(*selection), cwd=tmp_path, env=env)
     [record] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -740,6 +742,7 @@ def test_without_a_cxx_compiler_inductor_says_why_and_eager_figures_stay(tmp_pat
     bench = record["bench"]
     assert bench["speedup"] > 0 and bench["inductor"] is None and bench["speedup_inductor"] is None
     assert "C++ compiler" in bench["inductor_error"] and "\n" not in bench["inductor_error"]
+    assert not (tmp_path / ".kbd" / "inductor-cache").exists()
 
 
 def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):

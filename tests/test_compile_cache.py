@@ -167,8 +167,8 @@ def _reruns(args: list[str], first: dict[str, dict], entries: list[Path], tmp_pa
 
 
 def test_inductor_folders_are_per_kernel_source_and_evicted_least_recently_used(tmp_path: Path):
-    """A kernel's Inductor folder follows its source and element type, is made when attached,
-    and whole folders go oldest first beyond the cap, never one the coming sweep uses."""
+    """A kernel's Inductor folder follows its source and element type, is made when the kernel
+    runs, and whole folders go oldest first beyond the cap, never the one just used."""
     import os
 
     from kbd.caches import inductor_cache
@@ -177,30 +177,29 @@ def test_inductor_folders_are_per_kernel_source_and_evicted_least_recently_used(
     job = _job(bench=BenchOptions(inductor=True))
     attached = inductor_cache.attach(job, directory)
     folder = Path(attached.bench.inductor_cache)
-    assert folder.is_dir() and folder.parent == directory and folder.name.startswith("k-")
+    assert not folder.exists() and folder.parent == directory and folder.name.startswith("k-")
+    assert inductor_cache.ready(folder) and folder.is_dir()
     assert inductor_cache.folder(directory, job) == folder
     assert inductor_cache.folder(directory, _job(source_text="class Model: pass\n")) != folder
     assert inductor_cache.folder(directory, _job(dtype="bf16")) != folder
     assert attached.bench.per_process(1).inductor_cache == str(folder)
 
-    folders = [directory / name for name in ("old", "used", "new")]
+    folders = [directory / name for name in ("old", "middle", "new")]
     for age, path in enumerate(folders):
         path.mkdir()
         (path / "graph.so").write_bytes(b"x" * 1000)
         os.utime(path, (1000 + age, 1000 + age))
     os.utime(folder, (999, 999))  # the oldest, but the sweep's own
-    inductor_cache.evict(directory, 2000, keep=frozenset({folder, folders[1]}))
-    assert [p.name for p in sorted(directory.iterdir())] == sorted([folder.name, "new", "used"])
+    inductor_cache.evict(directory, 2000, keep=frozenset({folder}))
+    assert [p.name for p in sorted(directory.iterdir())] == sorted([folder.name, "middle", "new"])
     inductor_cache.evict(directory, 0, keep=frozenset({folder}))
     assert list(directory.iterdir()) == [folder]
 
 
-def test_unwritable_inductor_cache_leaves_the_job_to_a_temporary_folder(tmp_path: Path):
+def test_an_inductor_folder_that_cannot_be_made_is_not_ready(tmp_path: Path):
+    """The runner then gives the kernel a temporary folder, as without the compile cache."""
     from kbd.caches import inductor_cache
 
     (tmp_path / "file").write_text("")
-    job = _job(bench=BenchOptions(inductor=True))
-    assert inductor_cache.attach(job, tmp_path / "file" / "cache") == job
-    elsewhere = msgspec.structs.replace(job.bench, inductor_cache="/head/.kbd/inductor-cache/k-1")
-    moved = msgspec.structs.replace(job, bench=elsewhere)
-    assert inductor_cache.attach(moved, tmp_path / "file" / "cache") == job
+    job = inductor_cache.attach(_job(bench=BenchOptions(inductor=True)), tmp_path / "file")
+    assert not inductor_cache.ready(Path(job.bench.inductor_cache))

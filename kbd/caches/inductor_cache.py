@@ -46,22 +46,27 @@ def folder(directory: Path, job: Job) -> Path:
 
 
 def attach(job: Job, directory: Path) -> Job:
-    """`job` with its kernel's folder for Inductor's caches, created and marked as just used;
-    with none when it cannot be made (the kernel then gets a temporary one: `runner.run_kernel`)."""
+    """`job` naming its kernel's folder in the cache at `directory` (made when the kernel runs:
+    `ready`)."""
     assert job.bench is not None
-    path = folder(directory, job)
+    bench = msgspec.structs.replace(job.bench, inductor_cache=str(folder(directory, job)))
+    return msgspec.structs.replace(job, bench=bench)
+
+
+def ready(path: Path) -> bool:
+    """Make a kernel's folder (on the node it runs on) and mark it just used; False when it
+    cannot be made (the kernel then gets a temporary one: `runner.run_kernel`)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         os.utime(path)  # recently used: evicted last
     except OSError:
-        path = None
-    bench = msgspec.structs.replace(job.bench, inductor_cache=path and str(path))
-    return msgspec.structs.replace(job, bench=bench)
+        return False
+    return True
 
 
 def evict(directory: Path, max_bytes: int, keep: frozenset[Path] = frozenset()) -> None:
     """Remove whole kernel folders, least recently used first, until the cache holds at most
-    `max_bytes`; never those in `keep` (the ones the coming sweep uses)."""
+    `max_bytes`; never those in `keep` (the one a kernel just used)."""
     if not directory.is_dir():
         return
     found = []

@@ -24,7 +24,7 @@ import msgspec
 import ray
 
 import kbd
-from kbd.caches import compile_cache, inductor_cache
+from kbd.caches import compile_cache
 from kbd.cluster import wire
 from kbd.cluster.wire import Dispatch, Finished, NodeInfo
 from kbd.engine import scheduler
@@ -106,8 +106,6 @@ class Agent:
         if job.compile_cache is not None:  # compiled for this node's CPU: keyed by it
             cache = job.compile_cache
             job = compile_cache.attach(job, Path(cache.directory), cache.max_bytes)
-        if job.bench is not None and job.bench.inductor_cache:  # the head's path: made here
-            job = inductor_cache.attach(job, Path(job.bench.inductor_cache).parent)
         plan = Planned(entry=task.entry, job=job, memory=task.memory, expected_s=0.0)
         reason = scheduler.too_big(plan, self.budget)
         if reason is not None:

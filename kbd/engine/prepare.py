@@ -92,7 +92,6 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
     cache_dir = Path(options.cwd) / ".kbd" / import_cache.DIRECTORY
     compiled_dir = Path(options.cwd) / ".kbd" / compile_cache.DIRECTORY
     inductor_dir = Path(options.cwd) / ".kbd" / inductor_cache.DIRECTORY
-    inductor_folders: set[Path] = set()
     past = store.past() if store is not None else {}
     plans = []
     chooser = chooser_for(options, store)
@@ -138,18 +137,12 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
             job = compile_cache.attach(job, compiled_dir, compile_cache.DEFAULT_MAX_BYTES)
         if options.compile_cache and job.bench is not None and job.bench.inductor:
             job = inductor_cache.attach(job, inductor_dir)
-            if job.bench.inductor_cache:
-                inductor_folders.add(Path(job.bench.inductor_cache))
         previous = past.get((entry.name, mode))
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
             memory = max(memory, previous.peak_rss_bytes)
         expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
-    if inductor_folders:
-        inductor_cache.evict(
-            inductor_dir, inductor_cache.DEFAULT_MAX_BYTES, frozenset(inductor_folders)
-        )
     return scheduler.order(plans)
 
 

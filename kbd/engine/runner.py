@@ -8,6 +8,7 @@ then the worker's process group is killed and reaped first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -21,7 +22,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from kbd.bench import processes as bench_processes
 from kbd.bench import quiet as quiet_bench
-from kbd.caches import compile_cache, import_cache
+from kbd.caches import compile_cache, import_cache, inductor_cache
 from kbd.engine import bundles, dumps
 from kbd.engine.scratch import scratch_folder
 from kbd.engine.spawner import Spawner, Worker
@@ -98,20 +99,38 @@ async def run_kernel(
     """Run `job` in a new worker, with its own scratch folder, and return its classified record;
     a benchmark timed in several processes runs in that many workers, one after another.
     With `--baseline inductor`, the kernel's processes share a folder for Inductor's caches
-    (kbd.caches.inductor_cache): the kernel's own in the cache, or one removed when it ends."""
-    if job.bench is not None and job.bench.inductor and job.bench.inductor_cache is None:
-        with scratch_folder(f"{label(entry.name, job.mode)}-inductor") as folder:
-            bench = msgspec.structs.replace(job.bench, inductor_cache=str(folder))
-            job = msgspec.structs.replace(job, bench=bench)
-            return await run_kernel(
-                spawner,
-                entry,
-                job,
-                timeout=timeout,
-                log_path=log_path,
-                on_phase=on_phase,
-                on_memory=on_memory,
+    (kbd.caches.inductor_cache): the kernel's own in the cache, made here (on the node that runs
+    it), or a temporary one removed when the kernel ends."""
+    run = functools.partial(
+        _run_processes,
+        spawner,
+        entry,
+        timeout=timeout,
+        log_path=log_path,
+        on_phase=on_phase,
+        on_memory=on_memory,
+    )
+    if job.bench is None or not job.bench.inductor:
+        return await run(job)
+    kept = job.bench.inductor_cache
+    if kept and await anyio.to_thread.run_sync(inductor_cache.ready, Path(kept)):
+        record = await run(job)
+        with contextlib.suppress(OSError):
+            await anyio.to_thread.run_sync(
+                inductor_cache.evict,
+                Path(kept).parent,
+                inductor_cache.DEFAULT_MAX_BYTES,
+                frozenset({Path(kept)}),
             )
+        return record
+    with scratch_folder(f"{label(entry.name, job.mode)}-inductor") as folder:
+        bench = msgspec.structs.replace(job.bench, inductor_cache=str(folder))
+        return await run(msgspec.structs.replace(job, bench=bench))
+
+
+async def _run_processes(
+    spawner, entry, job: Job, *, timeout, log_path, on_phase, on_memory
+) -> Record:
     if job.bench is None or job.bench.processes <= 1:
         return await _run_in_scratch(spawner, entry, job, timeout, log_path, on_phase, on_memory)
     count = job.bench.processes
