@@ -95,7 +95,7 @@ def _free_name(module: ir.Module) -> str:
 
 
 class _Group:
-    """One op of `KINDS` with its local producers (in order) and the values it takes from
+    """An op to outline with its local producers (in order) and the values it takes from
     outside (the callee's arguments, in order of first use)."""
 
     def __init__(self, op: ir.Operation, ops: list[ir.Operation], inputs: list[ir.Value]):
