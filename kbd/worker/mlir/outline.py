@@ -60,7 +60,7 @@ def _outline(module: ir.Module, kinds: tuple[str, ...]) -> int:
     with module.context, ir.Location.unknown():
         candidates = _candidates(module, kinds)
         groups = [group for group in map(_group, candidates) if group is not None]
-        texts = [_function_text(group, "f") for group in groups]
+        texts = [_function_text(group) for group in groups]
         counts: dict[str, int] = {}
         for text in texts:
             counts[text] = counts.get(text, 0) + 1
@@ -76,7 +76,7 @@ def _outline(module: ir.Module, kinds: tuple[str, ...]) -> int:
             group.inputs = [replaced.get(value, value) for value in group.inputs]
             if text not in names:
                 names[text] = _free_name(module)
-                _add_function(module, group, names[text])
+                _build(group, names[text], ir.InsertionPoint(module.body))
             _call(group, names[text], replaced)
             outlined.append(group)
         for group in reversed(outlined):
@@ -128,7 +128,7 @@ def _candidates(module: ir.Module, kinds: tuple[str, ...]) -> list[ir.Operation]
 
 def _written_into(use) -> bool:
     """Whether a use of a value copies it into part of a larger tensor (`WRITTEN_INTO`)."""
-    owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+    owner = use.owner.operation
     if owner.name == "tensor.concat":
         return True
     return owner.name in WRITTEN_INTO and use.operand_number == 0
@@ -215,15 +215,11 @@ def _build(group: _Group, name: str, ip: ir.InsertionPoint) -> func.FuncOp:
     return function
 
 
-def _function_text(group: _Group, name: str) -> str:
-    """The group's function as text: what makes two copies share one."""
+def _function_text(group: _Group) -> str:
+    """The group's function as text, built in a module of its own: what makes two copies share
+    one."""
     scratch = ir.Module.create()
-    function = _build(group, name, ir.InsertionPoint(scratch.body))
-    return str(function)
-
-
-def _add_function(module: ir.Module, group: _Group, name: str) -> None:
-    _build(group, name, ir.InsertionPoint(module.body))
+    return str(_build(group, "f", ir.InsertionPoint(scratch.body)))
 
 
 def _call(group: _Group, name: str, replaced: dict) -> None:
