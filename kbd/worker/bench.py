@@ -29,7 +29,7 @@ come out.
 Before the first sample, glibc's allocator is told to keep freed memory (`steady_allocator`),
 for every side alike: otherwise a buffer freed at the end of a call can go back to the system
 and be faulted in again, page by page, on the next call, and whether it does depends on what
-else the process allocated (with Inductor loaded, kbd's code for level2/77 ran 1.4x slower).
+else the process allocated and on its size (glibc maps every block of 32 MiB or more on its own).
 
 Statistics are the supervisor's job (kbd/results/stats.py); this module only measures.
 """
@@ -175,22 +175,22 @@ def _empty(*args) -> None:
     """What the Python loop calls to measure its own cost."""
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest on 64-bit systems
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters
 
 
 def steady_allocator() -> bool:
-    """Keep freed heap memory in the process (no trimming) and serve blocks below 32 MiB from
-    the heap, not from fresh mappings: calls that free and allocate the same buffers then reuse
-    pages already faulted in. Returns whether the C library took it (glibc's mallopt)."""
+    """Keep freed heap memory in the process (no trimming) and serve every block from the
+    heap, not from fresh mappings (glibc maps blocks of 32 MiB and more on its own, whatever
+    its threshold): calls that free and allocate the same buffers then reuse pages already
+    faulted in. Returns whether the C library took it (glibc's mallopt)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     trimmed = mallopt(M_TRIM_THRESHOLD, 1 << 30)
-    mapped = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
-    return bool(trimmed and mapped)
+    unmapped = mallopt(M_MMAP_MAX, 0)
+    return bool(trimmed and unmapped)
 
 
 def _alternate(
