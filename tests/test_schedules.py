@@ -237,6 +237,18 @@ class SelfAttentionHeads(torch.nn.Module):
         return torch.bmm(torch.softmax(scores, dim=-1), v)
 
 
+class TwoAttentionLayers(SelfAttentionHeads):
+    """Two layers of SelfAttentionHeads with the same weights: each product occurs twice, so
+    kbd-outline-repeated-ops makes it a function both layers call, and each softmax reads a
+    call's result. The weights are scaled to keep the second layer's scores moderate (with
+    randn weights they reach thousands, and a softmax that sharp magnifies rounding)."""
+
+    def forward(self, x, wq, wk, wv):
+        wq, wk, wv = (w / w.shape[1] for w in (wq, wk, wv))
+        heads = super().forward(x, wq, wk, wv)  # [2 * batch, tokens, features / 2]
+        return super().forward(heads.reshape(x.shape), wq, wk, wv)
+
+
 class Cumsum(torch.nn.Module):
     def __init__(self, dim=1):
         super().__init__()
@@ -404,6 +416,8 @@ CASES = {
         (SharedWeightBmm, [(4, 5, 24), (40, 24)]),  # one matmul of 20 rows, W's transpose folded
         (Lstm, [(3, 4, 24)]),  # gates vectorized after each step's matmul
         (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
+        # rows of 64 scores: each softmax one row at a time (row-chains.mlir)
+        (TwoAttentionLayers, [(2, 64, 48), (48, 48), (48, 48), (48, 48)]),
         # each step's two products: one outlined function each (kbd-outline-repeated-ops)
         (UnrolledRnn, [(5, 4, 24), (4, 40), (40, 64), (40,), (16, 40), (16,)]),
     ],
@@ -412,6 +426,7 @@ CASES = {
         (Bmm, [(3, 20, 24), (3, 24, 37)]),
         (Attention, [(2, 3, 20, 40), (2, 3, 24, 40), (2, 3, 24, 33)]),  # partial tiles everywhere
         (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
+        (TwoAttentionLayers, [(2, 64, 48), (48, 48), (48, 48), (48, 48)]),  # row-chains.mlir
     ],
     "element_wise": [
         (Chain, [(8, 64)]),
@@ -1030,6 +1045,56 @@ def _largest_reduction_input(module) -> int:
 
         module.operation.walk(visit)
     return largest
+
+
+def _row_blocks(module) -> list[str]:
+    """The text of every scf.forall that reduction.mlir vectorizes (marked kbd.rows)."""
+    blocks = []
+
+    def visit(op):
+        if op.name == "scf.forall" and "kbd.rows" in op.attributes:
+            blocks.append(str(op))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return blocks
+
+
+def _up_to_reduction(module_class, shapes):
+    """The module after the batch_matmul schedule's stages up to reduction.mlir's."""
+    path = SCHEDULES / "x86_64" / "batch_matmul" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(module_class(), [torch.randn(shape) for shape in shapes])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage.name == "reduction.mlir":
+            return module
+    raise AssertionError("the batch_matmul schedule has no reduction.mlir stage")
+
+
+def test_a_softmax_between_products_is_computed_one_row_at_a_time():
+    """epilogues.yaml: the softmax between an attention's two products (rows of 64 scores) is
+    one parallel loop over rows, with its max, exp, sum and division in each row, instead of a
+    pass over the scores per op; the repeated products stay outlined calls, and no copy of a
+    call is left inside the rows (each would compute the whole product again)."""
+    module = _up_to_reduction(TwoAttentionLayers, [(2, 64, 48), (48, 48), (48, 48), (48, 48)])
+    softmaxes = [
+        block
+        for block in _row_blocks(module)
+        if all(op in block for op in ("maximumf", "math.exp", "arith.divf"))
+    ]
+    assert len(softmaxes) == 2  # one per layer
+    assert not any("func.call" in block for block in softmaxes)
+    assert "call @kbd_outlined_" in str(module)
+
+
+def test_a_short_row_is_not_chained():
+    """Rows of 20 scores (not a multiple of 64) keep the separate vectorized epilogue ops:
+    their masked row vectors would not lower inside a parallel loop."""
+    module = _up_to_reduction(SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)])
+    assert not any(
+        all(op in block for op in ("maximumf", "arith.divf")) for block in _row_blocks(module)
+    )
 
 
 def test_a_norm_and_mean_after_a_convolution_are_vectorized_reductions():

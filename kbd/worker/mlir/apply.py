@@ -24,6 +24,7 @@ from kbd.worker.mlir import (
     pooling,
     reduction_dims,
     rewrites,
+    row_chains,
     strided_conv,
 )
 from kbd.worker.mlir.importer import module_text
@@ -34,6 +35,7 @@ TRANSFORM_ENTRY = "__transform_main"
 REWRITES = {
     "kbd-outline-repeated-ops": outline.outline_repeated_ops,
     "kbd-outline-repeated-generics": outline.outline_repeated_generics,
+    "kbd-erase-unused-outlined-calls": outline.erase_unused_outlined_calls,
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
     "kbd-fold-transpose-into-batch-matmul": rewrites.fold_transpose_into_batch_matmul,
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
@@ -48,6 +50,7 @@ REWRITES = {
     "kbd-mark-parallel-generics": parallel_generics.mark_parallel_generics,
     "kbd-mark-reduction-inputs": parallel_generics.mark_reduction_inputs,
     "kbd-drop-generic-asserts": parallel_generics.drop_generic_asserts,
+    "kbd-mark-row-chains": row_chains.mark_row_chains,
     "kbd-collapse-reduction-dims": reduction_dims.collapse_reduction_dims,
     "kbd-fold-bf16-widening-into-matmul": bf16_dot.fold_bf16_widening_into_matmul,
     "kbd-fold-bf16-widening-into-batch-matmul": bf16_dot.fold_bf16_widening_into_batch_matmul,

@@ -27,7 +27,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
-from kbd.worker.mlir.walk import producer
+from kbd.worker.mlir.walk import ops_named, producer
 
 # Ops the family schedules tile into register blocks (`outline_repeated_ops`)
 KINDS = ("linalg.matmul", "linalg.batch_matmul", "linalg.conv_", "linalg.depthwise_conv_")
@@ -54,6 +54,24 @@ def outline_repeated_generics(module: ir.Module) -> int:
     """The same for `linalg.generic`s (an epilogue, a norm's statistics): after the epilogue
     stages have fused them, so that no fusion is lost to a call."""
     return _outline(module, GENERICS)
+
+
+def erase_unused_outlined_calls(module: ir.Module) -> int:
+    """Erase the calls to outlined functions whose results nothing reads; returns how many.
+
+    An outlined function only computes its results from its tensor arguments, but a call is
+    not known to be free of side effects, so no cleanup erases one. Tiling and fusing a
+    consumer of a call's result (transforms/row-chains.mlir) leaves a copy of the call in
+    every tile, unused: each would compute the whole op again."""
+    unused = [
+        call
+        for call in ops_named(module, "func.call")
+        if ir.FlatSymbolRefAttr(call.attributes["callee"]).value.startswith(PREFIX)
+        and not any(list(result.uses) for result in call.results)
+    ]
+    for call in unused:
+        call.operation.erase()
+    return len(unused)
 
 
 def _outline(module: ir.Module, kinds: tuple[str, ...]) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from kbd.worker.mlir.walk import ops_named
+from kbd.worker.mlir.walk import iterator_types, ops_named
 
 RANK = "kbd.rank"
 MAX_RANK = 6  # the ranks parallel-generics.mlir has a sequence for
@@ -66,20 +66,12 @@ def _feeds_a_reduction(op: ir.Operation) -> bool:
         "reduction" in kind
         for result in op.results
         for use in result.uses
-        for kind in _iterators(use.owner)
+        for kind in iterator_types(use.owner)
     )
 
 
-def _iterators(op: ir.Operation) -> list[str]:
-    """A `linalg.generic`'s iterator types ("#linalg.iterator_type<parallel>", ...); [] for
-    any other op."""
-    if op.name != "linalg.generic" or "iterator_types" not in op.attributes:
-        return []
-    return [str(kind) for kind in ir.ArrayAttr(op.attributes["iterator_types"])]
-
-
 def _parallel_rank(op: ir.Operation) -> int | None:
-    iterators = _iterators(op)
+    iterators = iterator_types(op)
     if not iterators or len(iterators) > MAX_RANK or any("parallel" not in i for i in iterators):
         return None
     for value in [*op.operands, *op.results]:

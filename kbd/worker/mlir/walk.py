@@ -26,6 +26,14 @@ def producer(value: ir.Value) -> ir.Operation | None:
     return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
 
 
+def iterator_types(op: ir.Operation) -> list[str]:
+    """A `linalg.generic`'s iterator types ("#linalg.iterator_type<parallel>", ...); [] for
+    any other op."""
+    if op.name != "linalg.generic" or "iterator_types" not in op.attributes:
+        return []
+    return [str(kind) for kind in ir.ArrayAttr(op.attributes["iterator_types"])]
+
+
 def int_array(op, name: str) -> list[int]:
     """An op's integer elements attribute `name` (a convolution's strides, dilations) as ints."""
     return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
