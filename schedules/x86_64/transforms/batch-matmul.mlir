@@ -39,9 +39,19 @@ module attributes {transform.with_named_sequence} {
     %func = transform.structured.match ops{["func.func"]} in %root
       : (!transform.any_op) -> !transform.any_op
     // Thread / L2 level: M,N blocks as scf.forall (lowered to OpenMP or to a sequential loop).
-    %blocks, %forall = transform.structured.tile_using_forall %matmuls
-        tile_sizes [1, $block_m, $block_n]
-      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // Each block also initializes its own output tile (torch-mlir: a linalg.fill of zeros)
+    // while it is in cache, instead of a pass of its own over the whole output before.
+    %blocks = transform.foreach %matmuls : !transform.any_op -> !transform.any_op {
+    ^bb0(%matmul: !transform.any_op):
+      %init = transform.get_producer_of_operand %matmul[2]
+        : (!transform.any_op) -> !transform.any_op
+      %block, %forall = transform.structured.tile_using_forall %matmul
+          tile_sizes [1, $block_m, $block_n]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.structured.fuse_into_containing_op %init into %forall
+        : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.yield %block : !transform.any_op
+    }
     // L1 level: K blocks.
     %kblocks, %kloop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, $block_k]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
