@@ -249,6 +249,14 @@ class TwoAttentionLayers(SelfAttentionHeads):
         return super().forward(heads.reshape(x.shape), wq, wk, wv)
 
 
+class LinearSoftmax(torch.nn.Module):
+    """A softmax over a product's rows of 64: a chain of rank 2 whose max and sum keep their
+    reduced dim (row-chains.mlir, one row at a time)."""
+
+    def forward(self, x, w):
+        return torch.softmax(F.linear(x, w), dim=-1)
+
+
 class Cumsum(torch.nn.Module):
     def __init__(self, dim=1):
         super().__init__()
@@ -418,6 +426,7 @@ CASES = {
         (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
         # rows of 64 scores: each softmax one row at a time (row-chains.mlir)
         (TwoAttentionLayers, [(2, 64, 48), (48, 48), (48, 48), (48, 48)]),
+        (LinearSoftmax, [(10, 40), (64, 40)]),  # its softmax one row at a time
         # each step's two products: one outlined function each (kbd-outline-repeated-ops)
         (UnrolledRnn, [(5, 4, 24), (4, 40), (40, 64), (40,), (16, 40), (16,)]),
     ],

@@ -48,10 +48,12 @@ def mark_row_chains(module: ir.Module) -> int:
                     for op in block.operations
                     if _reads_row_reduction(op.operation) and not _feeds_chain(op.operation)
                 ]
+                reductions: list[ir.Operation] = []  # chains may share one: rebuilt once
                 for end in ends:
                     end.attributes[MARK] = ir.IntegerAttr.get(i64, len(iterator_types(end)))
-                    for reduction in _chain_reductions(end):
-                        _drop_kept_dim(reduction)
+                    reductions += [r for r in _chain_reductions(end) if r not in reductions]
+                for reduction in reductions:
+                    _drop_kept_dim(reduction)
                 marked += len(ends)
     return marked
 
