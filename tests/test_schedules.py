@@ -23,7 +23,7 @@ from torch_mlir import ir
 
 from kbd.plan import descriptor, target
 from kbd.worker import families, ingress, mlir, runtime
-from kbd.worker.mlir import conv_widths
+from kbd.worker.mlir import conv_widths, outline
 from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
@@ -1493,7 +1493,7 @@ def test_a_batch_norm_after_a_convolution_is_vectorized_without_its_assert():
     assert re.search(r"math\.sqrt .* : vector<[0-9x]*16xf32>", text)
 
 
-def test_repeated_products_and_convolutions_are_compiled_once():
+def test_repeated_products_and_convolutions_are_compiled_once(monkeypatch):
     """kbd-outline-repeated-ops: each product or convolution that occurs more than once, with
     its accumulator's fill and its input's padding, becomes one private function that every
     copy calls; one that occurs once, or accumulates into a tensor from outside, stays."""
@@ -1511,12 +1511,31 @@ def test_repeated_products_and_convolutions_are_compiled_once():
     assert text.count("linalg.fill") == 2  # the fills moved into the functions
     assert module.operation.verify()
     # the epilogues' stage: each step's bias add, one function; its tanh (which the next step's
-    # concatenation takes) and the output's bias add (stacked) are written in place: they stay
+    # concatenation takes) and the output's bias add (stacked) are written in place: they stay,
+    # as 5 steps are fewer than MANY_COPIES
     generics = descriptor.resolve_pipeline(
         ["kbd-outline-repeated-generics"], schedules_dir=SCHEDULES, cwd=Path("/")
     )[0]
-    mlir.apply_stage(module, generics)
-    text = str(module)
+    after_products = str(module)
+
+    def outline_generics(many_copies: int, small: int) -> str:
+        monkeypatch.setattr(outline, "MANY_COPIES", many_copies)
+        monkeypatch.setattr(outline, "SMALL_WRITTEN_INTO", small)
+        with module.context:
+            copy = ir.Module.parse(after_products)
+        mlir.apply_stage(copy, generics)
+        assert copy.operation.verify()
+        return str(copy)
+
+    text = outline_generics(outline.MANY_COPIES, outline.SMALL_WRITTEN_INTO)
+    assert text.count("func.func private @kbd_outlined_") == 3
+    assert text.count("call @kbd_outlined_") == 10 + 5 and text.count("linalg.generic") == 1 + 10
+    # with as many steps as MANY_COPIES, the two small ones become functions too (a copy each)
+    text = outline_generics(5, outline.SMALL_WRITTEN_INTO)
+    assert text.count("func.func private @kbd_outlined_") == 5
+    assert text.count("call @kbd_outlined_") == 10 + 15 and text.count("linalg.generic") == 3
+    # but not when their results are larger than SMALL_WRITTEN_INTO (4x16 and 4x40 here)
+    text = outline_generics(5, 63)
     assert text.count("func.func private @kbd_outlined_") == 3
     assert text.count("call @kbd_outlined_") == 10 + 5 and text.count("linalg.generic") == 1 + 10
 

@@ -17,9 +17,13 @@ The callee's arguments are the group's operands from outside it (the op's inputs
 bias vector); its result is the op's, allocated in the callee by bufferization. Two kinds of op
 stay where they are, since a call would add copies: one that accumulates into a tensor from
 outside (a slice of a running sum), and one whose result is written into part of a larger
-tensor (a concatenation, a slot of a stacked input), which the caller computes in place. The family
-schedules' rewrites (channels last, transposes folded, padded widths) see the same local
-producers inside the callee as they saw in the caller.
+tensor (a concatenation, a slot of a stacked input), which the caller computes in place, unless
+that result is small (`SMALL_WRITTEN_INTO` elements) and the op has many copies
+(`MANY_COPIES`): copying a few cached kilobytes then costs less than compiling every copy in
+place, which for an RNN's steps (its activation, concatenated with the next input; its output,
+stacked) is a parallel region per step in one huge function. The family schedules' rewrites
+(channels last, transposes folded, padded widths) see the same local producers inside the callee
+as they saw in the caller.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ LOCAL = ("linalg.fill", "linalg.broadcast", "tensor.pad", "tensor.empty", "arith
 WRITTEN_INTO = ("tensor.insert_slice", "tensor.parallel_insert_slice", "tensor.concat")
 PREFIX = "kbd_outlined_"
 MIN_COPIES = 2
+# A result written into a larger tensor is outlined when it has at most this many elements (a
+# copy in cache) and its op at least this many copies (compile time worth a copy per call)
+SMALL_WRITTEN_INTO = 1 << 16
+MANY_COPIES = 8
 
 
 def outline_repeated_ops(module: ir.Module) -> int:
@@ -76,8 +84,7 @@ def erase_unused_outlined_calls(module: ir.Module) -> int:
 
 def _outline(module: ir.Module, kinds: tuple[str, ...]) -> int:
     with module.context, ir.Location.unknown():
-        candidates = _candidates(module, kinds)
-        groups = [group for group in map(_group, candidates) if group is not None]
+        groups = [group for group in map(_group, _candidates(module, kinds)) if group is not None]
         texts = [_function_text(group) for group in groups]
         counts: dict[str, int] = {}
         for text in texts:
@@ -87,8 +94,13 @@ def _outline(module: ir.Module, kinds: tuple[str, ...]) -> int:
         # products). The ops are erased only at the end, so no group holds an erased value.
         replaced: dict = {}
         outlined = []
+        # copies alike that are written into larger tensors need many for any to be outlined
+        needed: dict[str, int] = {}
         for group, text in zip(groups, texts, strict=True):
-            if counts[text] < MIN_COPIES:
+            copies = MANY_COPIES if _written_into(group.op) else MIN_COPIES
+            needed[text] = max(needed.get(text, 0), copies)
+        for group, text in zip(groups, texts, strict=True):
+            if counts[text] < needed[text]:
                 continue
             # its op now takes those calls' results
             group.inputs = [replaced.get(value, value) for value in group.inputs]
@@ -124,7 +136,7 @@ class _Group:
 
 def _candidates(module: ir.Module, kinds: tuple[str, ...]) -> list[ir.Operation]:
     """Ops of `kinds` directly in a function's body (not in loops), with one static tensor
-    result, in walk order."""
+    result, not written into a larger tensor unless small, in walk order."""
     found = []
     for function in module.body.operations:
         if function.operation.name != "func.func":
@@ -139,12 +151,24 @@ def _candidates(module: ir.Module, kinds: tuple[str, ...]) -> list[ir.Operation]
             kind = op.results[0].type
             if not (isinstance(kind, ir.RankedTensorType) and kind.has_static_shape):
                 continue
-            if not any(_written_into(use) for use in op.results[0].uses):
+            if _elements(kind) <= SMALL_WRITTEN_INTO or not _written_into(op):
                 found.append(op)
     return found
 
 
-def _written_into(use) -> bool:
+def _elements(kind: ir.RankedTensorType) -> int:
+    count = 1
+    for dim in kind.shape:
+        count *= dim
+    return count
+
+
+def _written_into(op: ir.Operation) -> bool:
+    """Whether a use of `op`'s result copies it into part of a larger tensor."""
+    return any(_copies_into(use) for use in op.results[0].uses)
+
+
+def _copies_into(use) -> bool:
     """Whether a use of a value copies it into part of a larger tensor (`WRITTEN_INTO`)."""
     owner = use.owner.operation
     if owner.name == "tensor.concat":
