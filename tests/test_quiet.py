@@ -114,7 +114,7 @@ def test_a_paused_workers_deadline_stands_still_and_resumes_with_what_was_left()
             with (
                 quiet.running(first, anyio.CancelScope()) as holder,
                 anyio.move_on_after(0.3) as deadline,
-                quiet.running(second, deadline),
+                quiet.running(second, deadline) as paused,
             ):
                 assert await quiet.acquire(holder)
                 assert deadline.deadline == math.inf
@@ -123,6 +123,8 @@ def test_a_paused_workers_deadline_stands_still_and_resumes_with_what_was_left()
                 left = deadline.deadline - anyio.current_time()
                 assert 0.2 < left <= 0.3
             assert not deadline.cancelled_caught
+            # what its record reports as paused (its phase times include it)
+            assert 0.5 <= paused.paused_s < 1.0 and holder.paused_s == 0.0
 
     _run(test)
 
@@ -211,3 +213,4 @@ def test_benchmark_sweeps_at_two_jobs_end_with_figures_either_way(tmp_path: Path
         "level1/3_sum_reduction": "pass",
     }
     assert all(r["bench"]["compiled"]["n"] >= 3 for r in records.values())
+    assert all(r["paused_s"] >= 0.0 for r in records.values())  # stored with each record

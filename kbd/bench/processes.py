@@ -68,6 +68,7 @@ def _merged(records: list[Record], gflops: float | None) -> Record:
     return msgspec.structs.replace(
         records[0],
         wall_s=round(sum(r.wall_s for r in records), 3),
+        paused_s=round(sum(r.paused_s for r in records), 3),
         peak_rss_bytes=max(peaks) if peaks else None,
         times=times,
         bench=stats.combine([r.bench.samples for r in records], gflops),

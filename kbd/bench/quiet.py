@@ -40,19 +40,24 @@ class Pausable:
         self.deadline = deadline
         self.shown = shown  # tells the live display: paused (True) or running again (False)
         self._remaining: float | None = None  # of the deadline, while paused
+        self._paused_at = 0.0
+        self.paused_s = 0.0  # how long it has been paused in all, up to its last resume
 
     def pause(self) -> None:
         """Stop the group; its deadline stands still until `resume`."""
         if self._remaining is None:
             _signal(self.pgid, signal.SIGSTOP)
-            self._remaining = self.deadline.deadline - anyio.current_time()
+            self._paused_at = anyio.current_time()
+            self._remaining = self.deadline.deadline - self._paused_at
             self.deadline.deadline = math.inf
             self.shown(True)
 
     def resume(self) -> None:
         if self._remaining is not None:
             _signal(self.pgid, signal.SIGCONT)
-            self.deadline.deadline = anyio.current_time() + self._remaining
+            now = anyio.current_time()
+            self.deadline.deadline = now + self._remaining
+            self.paused_s += now - self._paused_at
             self._remaining = None
             self.shown(False)
 

@@ -70,6 +70,7 @@ class WorkerEnd:
     log_bytes: int = 0
     drained: anyio.Event = field(default_factory=anyio.Event)
     wall_s: float = 0.0
+    paused_s: float = 0.0  # of wall_s, paused while other kernels were timed alone
 
     def death(self, mem_limit: int | None, timeout: float) -> Death:
         """The facts `outcome.classify` needs."""
@@ -337,6 +338,7 @@ async def _supervise(
                 state.exit_peak = exited.peak_rss_bytes
             group.cancel_scope.cancel()
     state.timed_out = deadline.cancelled_caught
+    state.paused_s = pausable.paused_s
 
 
 async def _receive(
@@ -465,6 +467,7 @@ def _record(entry, job, state: WorkerEnd, timeout: float, log_path: Path) -> Rec
         signal=sig,
         message=f"{message} [{note}]" if note else message,
         wall_s=round(state.wall_s, 3),
+        paused_s=round(state.paused_s, 3),
         peak_rss_bytes=peak,
         passing_tolerance=result.passing_tolerance if result else None,
         max_abs_error=result.max_abs_error if result else None,

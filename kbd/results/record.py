@@ -42,6 +42,9 @@ class Record(msgspec.Struct, kw_only=True):
     signal: str | None = None
     message: str = ""
     wall_s: float = 0.0
+    # Of wall_s, how long the worker was paused while other kernels were timed alone
+    # (kbd/bench/quiet.py): the phases it interrupted count that time too.
+    paused_s: float = 0.0
     peak_rss_bytes: int | None = None
     passing_tolerance: float | None = None  # as in protocol.Result
     max_abs_error: float | None = None

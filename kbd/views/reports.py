@@ -47,9 +47,11 @@ def line(record: Record) -> str:
             f"speedup {b.speedup:.3g}x [{b.speedup_low:.3g}, {b.speedup_high:.3g}]{versus}  "
             f"{bench_summary.describe(record)}"
         )
+    paused = f" ({record.paused_s:.1f}s paused)" if record.paused_s >= 0.05 else ""
     return (
-        f"{record.outcome.upper():<8} {record.label}  [{record.phase}]  {record.wall_s:.2f}s  "
-        f"{format_size(record.peak_rss_bytes)}" + (f"  {'  '.join(detail)}" if detail else "")
+        f"{record.outcome.upper():<8} {record.label}  [{record.phase}]  {record.wall_s:.2f}s"
+        f"{paused}  {format_size(record.peak_rss_bytes)}"
+        + (f"  {'  '.join(detail)}" if detail else "")
     )
 
 
