@@ -141,7 +141,10 @@ def plan(options: SweepSpec, store: Store | None) -> list[Planned]:
         memory = limits.estimate(entry)
         if previous is not None and previous.peak_rss_bytes and previous.outcome != "memory":
             memory = max(memory, previous.peak_rss_bytes)
-        expected = previous.wall_s if previous else (entry.gflops or 0.5) * SECONDS_PER_GFLOP
+        if previous is not None:  # its own time: not the pauses for other kernels' timing
+            expected = previous.wall_s - previous.paused_s
+        else:
+            expected = (entry.gflops or 0.5) * SECONDS_PER_GFLOP
         plans.append(Planned(entry=entry, job=job, memory=memory, expected_s=expected))
     return scheduler.order(plans)
 
