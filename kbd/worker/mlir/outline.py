@@ -28,6 +28,8 @@ as they saw in the caller.
 
 from __future__ import annotations
 
+import math
+
 from torch_mlir import ir
 from torch_mlir.dialects import func
 
@@ -151,16 +153,9 @@ def _candidates(module: ir.Module, kinds: tuple[str, ...]) -> list[ir.Operation]
             kind = op.results[0].type
             if not (isinstance(kind, ir.RankedTensorType) and kind.has_static_shape):
                 continue
-            if _elements(kind) <= SMALL_WRITTEN_INTO or not _written_into(op):
+            if math.prod(kind.shape) <= SMALL_WRITTEN_INTO or not _written_into(op):
                 found.append(op)
     return found
-
-
-def _elements(kind: ir.RankedTensorType) -> int:
-    count = 1
-    for dim in kind.shape:
-        count *= dim
-    return count
 
 
 def _written_into(op: ir.Operation) -> bool:
