@@ -1106,6 +1106,67 @@ def test_a_short_row_is_not_chained():
     )
 
 
+def _attention_stages(feature):
+    path = SCHEDULES / "x86_64" / (feature or "") / "batch_matmul" / "f32.yaml"
+    return descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+
+
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_a_long_attention_is_computed_one_block_of_queries_at_a_time(feature):
+    """attention.mlir: over 512 tokens (512 x 512 scores per head), the product with V is an
+    scf.forall over blocks of query rows with the scores' product and the softmax fused into
+    each block, the softmax one row at a time: no op has the whole score matrix as its result
+    (before, each op of the chain was a pass over it)."""
+    module = mlir.import_model(
+        SelfAttentionHeads(), [torch.randn(1, 512, 64), *(torch.randn(64, 64) for _ in range(3))]
+    )
+    whole_scores = "-> tensor<2x512x512xf32>"
+    assert whole_scores in str(module)
+    for stage in _attention_stages(feature):
+        mlir.apply_stage(module, stage)
+        if stage.text == "kbd-mark-attention":
+            marked = str(module)
+            for mark in ("kbd.attention}", "kbd.attention_scores", "kbd.attention_rows"):
+                assert marked.count(mark) == 1, mark
+        if stage.name == "reduction.mlir":
+            break
+    text = str(module)
+    assert whole_scores not in text
+    [rows] = [block for block in _row_blocks(module) if "math.exp" in block]
+    assert "arith.divf" in rows and "vector.multi_reduction" not in rows
+    assert "linalg.batch_matmul" not in text  # both products vectorized in each block
+
+
+def test_a_short_attention_keeps_its_whole_scores():
+    """64 tokens (64 x 64 scores, in the cache whole): nothing is marked, and the softmax is
+    the row chain between the two products, as before."""
+    module = mlir.import_model(
+        SelfAttentionHeads(), [torch.randn(1, 64, 64), *(torch.randn(64, 64) for _ in range(3))]
+    )
+    for stage in _attention_stages("avx512f"):
+        mlir.apply_stage(module, stage)
+        if stage.text == "kbd-mark-attention":
+            assert "kbd.attention" not in str(module)
+            break
+
+
+def test_a_blocked_attention_passes_against_eager(tmp_path):
+    """The fixture's self-attention over 512 tokens, two heads, through `kbd run` with its
+    family schedule: the blocked attention is what runs (the pipeline holds attention.mlir and
+    the kernel's scores are never whole), and it passes its check against eager."""
+    (tmp_path / "levels.yaml").write_text(
+        "- kernel: level1/12_self_attention.py\n  family: batch_matmul\n"
+    )
+    args = ["--kernelbench", str(FIXTURE_KB), "--levels", str(tmp_path / "levels.yaml")]
+    args += ["--json", "--print-mlir-after-all", "--print-to", str(tmp_path / "ir") + "/"]
+    result = kbd("run", *args, cwd=tmp_path)
+    [record] = json_records(result.stdout).values()
+    assert record["outcome"] == "pass", result.stdout + result.stderr
+    dump = (tmp_path / "ir" / "level1__12_self_attention.mlir").read_text()
+    after = dump.split("IR Dump After transform attention.mlir")[1].split("// -----//")[0]
+    assert "scf.forall" in after and "-> tensor<2x512x512xf32>" not in after
+
+
 def test_a_norm_and_mean_after_a_convolution_are_vectorized_reductions():
     """epilogues.yaml: kbd-collapse-reduction-dims makes the mean over 3 trailing dims one over
     their product, and reduction.mlir leaves no reduction over the conv's output (2 x 8 x 4 x 6

@@ -14,6 +14,7 @@ from torch_mlir.dialects.transform import interpreter
 
 from kbd.shared.protocol import Stage
 from kbd.worker.mlir import (
+    attention,
     bf16_dot,
     channels_last,
     conv3d,
@@ -38,6 +39,7 @@ REWRITES = {
     "kbd-erase-unused-outlined-calls": outline.erase_unused_outlined_calls,
     "kbd-fold-transpose-into-matmul": rewrites.fold_transpose_into_matmul,
     "kbd-fold-transpose-into-batch-matmul": rewrites.fold_transpose_into_batch_matmul,
+    "kbd-mark-attention": attention.mark_attention,
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
     "kbd-shared-b-batch-matmuls-as-matmuls": rewrites.shared_b_batch_matmuls_as_matmuls,
     "kbd-strided-convs-as-phases": strided_conv.strided_convs_as_phases,
