@@ -1397,6 +1397,32 @@ def test_a_linear_layer_reads_its_weight_in_place_under_the_matmul_schedule(fami
     assert "linalg.matmul" not in scheduled and "vector.reduction" in scheduled
 
 
+class Linear(torch.nn.Module):
+    def forward(self, x, w):
+        return F.linear(x, w)
+
+
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_a_transposed_copy_is_made_in_tiles_transposed_in_registers(feature):
+    """A Linear over more rows than kbd-fold-transpose-into-matmul folds keeps the transposed
+    copy of its weight; the copy is marked kbd.transpose and made in 16 x 16 tiles, each read
+    along the weight's rows and transposed with shuffles, not gathered lane by lane from 16
+    rows of the weight."""
+    path = SCHEDULES / "x86_64" / (feature or "") / "matmul" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(Linear(), [torch.randn(256, 64), torch.randn(96, 64)])
+    marked = False
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        marked = marked or "kbd.transpose = 2" in str(module)
+        if stage.name == "reduction.mlir":
+            break
+    text = str(module)
+    assert marked
+    assert "vector.shuffle" in text and "vector<16x16xf32>" in text
+    assert "permutation_map" not in text and "linalg.generic" not in text
+
+
 @pytest.mark.skipif(ARCH != "x86_64", reason="the softmax schedule is x86_64's")
 def test_a_softmax_kernel_with_two_block_loops_passes_with_its_schedule(family_run):
     """A softmax and a log-softmax returned together: rows.mlir tiles each result into its own

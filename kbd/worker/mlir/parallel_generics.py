@@ -20,6 +20,13 @@ from kbd.worker.mlir.walk import iterator_types, ops_named
 
 RANK = "kbd.rank"
 MAX_RANK = 6  # the ranks parallel-generics.mlir has a sequence for
+# A copy that swaps its last two dims (a transposed weight, a head split's K^T) gets
+# `kbd.transpose` (its rank) instead: tiles of TILE x TILE, each read along its input's rows
+# and transposed in registers, instead of rows of the output gathered lane by lane from as many
+# rows of the input.
+TRANSPOSE = "kbd.transpose"
+TRANSPOSE_RANKS = (2, 3)  # the ranks parallel-generics.mlir has a transpose sequence for
+TILE = 16
 
 
 def mark_parallel_generics(module: ir.Module) -> int:
@@ -51,9 +58,28 @@ def _mark(module: ir.Module, wanted) -> int:
                 for op in block.operations:
                     rank = _parallel_rank(op.operation)
                     if rank is not None and wanted(op.operation):
-                        op.operation.attributes[RANK] = ir.IntegerAttr.get(i64, rank)
+                        mark = TRANSPOSE if _last_dims_transpose(op.operation) else RANK
+                        op.operation.attributes[mark] = ir.IntegerAttr.get(i64, rank)
                         marked += 1
     return marked
+
+
+def _last_dims_transpose(op: ir.Operation) -> bool:
+    """Whether a generic only copies its one input with the last two dims swapped (leading
+    dims in place), over dims that are whole tiles."""
+    if len(op.operands) != 2 or len(iterator_types(op)) not in TRANSPOSE_RANKS:
+        return False
+    body = list(op.regions[0].blocks[0].operations)
+    arguments = list(op.regions[0].blocks[0].arguments)
+    if len(body) != 1 or list(body[0].operation.operands) != arguments[:1]:
+        return False
+    rank = len(iterator_types(op))
+    dims = [ir.AffineDimExpr.get(d) for d in range(rank)]
+    swapped = ir.AffineMap.get(rank, 0, [*dims[:-2], dims[-1], dims[-2]])
+    identity = ir.AffineMap.get_identity(rank)
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    shape = ir.RankedTensorType(op.results[0].type).shape
+    return maps == [swapped, identity] and shape[-1] % TILE == 0 and shape[-2] % TILE == 0
 
 
 def _computes_math(op: ir.Operation) -> bool:

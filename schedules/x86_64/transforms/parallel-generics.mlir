@@ -7,6 +7,43 @@
 // Variables: width, the vector chunk (a multiple of the host's lanes).
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    // Copies that swap their last two dims (kbd.transpose): 16 rows of the output per block,
+    // 16 x 16 tiles in each, read along the input's rows and transposed in registers.
+    %transpose2 = transform.structured.match ops{["linalg.generic"]}
+        attributes{kbd.transpose = 2 : i64} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %transpose2 : !transform.any_op {
+    ^bb0(%op: !transform.any_op):
+      transform.sequence %op : !transform.any_op failures(suppress) {
+      ^bb1(%generic: !transform.any_op):
+        %rows, %blocks = transform.structured.tile_using_forall %generic tile_sizes [16]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        %tile, %tiles = transform.structured.tile_using_for %rows tile_sizes [0, 16]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        transform.structured.vectorize %tile vector_sizes [16, 16] : !transform.any_op
+      }
+    }
+    %transpose3 = transform.structured.match ops{["linalg.generic"]}
+        attributes{kbd.transpose = 3 : i64} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.foreach %transpose3 : !transform.any_op {
+    ^bb0(%op: !transform.any_op):
+      transform.sequence %op : !transform.any_op failures(suppress) {
+      ^bb1(%generic: !transform.any_op):
+        %rows, %blocks = transform.structured.tile_using_forall %generic tile_sizes [1, 16]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        %tile, %tiles = transform.structured.tile_using_for %rows tile_sizes [0, 0, 16]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        transform.structured.vectorize %tile vector_sizes [1, 16, 16] : !transform.any_op
+      }
+    }
+    %transposing = transform.structured.match ops{["func.func"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %transposing {
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+      transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_16x16"
+    } : !transform.any_op
     %rank1 = transform.structured.match ops{["linalg.generic"]} attributes{kbd.rank = 1 : i64} in %root
       : (!transform.any_op) -> !transform.any_op
     transform.foreach %rank1 : !transform.any_op {
