@@ -51,8 +51,8 @@ def mark_attention(module: ir.Module) -> int:
                     op.operation.attributes[VALUES] = unit
                     scores.attributes[SCORES] = unit
                     end.attributes[ROWS] = unit
-                    for reduction in row_chains._chain_reductions(end):
-                        row_chains._drop_kept_dim(reduction)
+                    for reduction in row_chains.chain_reductions(end):
+                        row_chains.drop_kept_dim(reduction)
                     marked += 1
     return marked
 
@@ -73,8 +73,8 @@ def _attention(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
         end is None
         or end.name != "linalg.generic"
         or len(list(probabilities.uses)) != 1
-        or not row_chains._reads_row_reduction(end)
-        or row_chains._domain(end) != list(ir.RankedTensorType(probabilities.type).shape)
+        or not row_chains.reads_row_reduction(end)
+        or row_chains.loop_ranges(end) != list(ir.RankedTensorType(probabilities.type).shape)
     ):
         return None
     scores = _scores(end)
@@ -84,20 +84,20 @@ def _attention(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
 def _scores(end: ir.Operation) -> ir.Operation | None:
     """The one `linalg.batch_matmul` of the chain's shape that the chain ending at `end` reads,
     through its ops over the same loop ranges; None when there is not exactly one."""
-    domain = row_chains._domain(end)
+    domain = row_chains.loop_ranges(end)
     found: list[ir.Operation] = []
     visited: list[ir.Operation] = []
     pending = [end]
     while pending:
         current = pending.pop()
         for value in current.operands:
-            source = row_chains._through_reshapes(value)
+            source = row_chains.through_reshapes(value)
             if source is None or source in visited:
                 continue
             visited.append(source)
             if source.name == "linalg.batch_matmul":
                 if list(ir.RankedTensorType(source.results[0].type).shape) == domain:
                     found.append(source)
-            elif row_chains._domain(source) == domain:
+            elif row_chains.loop_ranges(source) == domain:
                 pending.append(source)
     return found[0] if len(found) == 1 else None

@@ -46,30 +46,30 @@ def mark_row_chains(module: ir.Module) -> int:
                 ends = [
                     op.operation
                     for op in block.operations
-                    if _reads_row_reduction(op.operation) and not _feeds_chain(op.operation)
+                    if reads_row_reduction(op.operation) and not _feeds_chain(op.operation)
                 ]
                 reductions: list[ir.Operation] = []  # chains may share one: rebuilt once
                 for end in ends:
                     end.attributes[MARK] = ir.IntegerAttr.get(i64, len(iterator_types(end)))
-                    reductions += [r for r in _chain_reductions(end) if r not in reductions]
+                    reductions += [r for r in chain_reductions(end) if r not in reductions]
                 for reduction in reductions:
-                    _drop_kept_dim(reduction)
+                    drop_kept_dim(reduction)
                 marked += len(ends)
     return marked
 
 
-def _chain_reductions(end: ir.Operation) -> list[ir.Operation]:
+def chain_reductions(end: ir.Operation) -> list[ir.Operation]:
     """The last-dim reductions over the chain's loop ranges that the chain ending at `end`
     reads, directly or through its other ops."""
-    domain = _domain(end)
+    domain = loop_ranges(end)
     found: list[ir.Operation] = []
     visited: list[ir.Operation] = []
     pending = [end]
     while pending:
         current = pending.pop()
         for value in current.operands:
-            source = _through_reshapes(value)
-            if source is None or source in visited or _domain(source) != domain:
+            source = through_reshapes(value)
+            if source is None or source in visited or loop_ranges(source) != domain:
                 continue
             visited.append(source)
             pending.append(source)
@@ -78,7 +78,7 @@ def _chain_reductions(end: ir.Operation) -> list[ir.Operation]:
     return found
 
 
-def _drop_kept_dim(op: ir.Operation) -> None:
+def drop_kept_dim(op: ir.Operation) -> None:
     """Make a reduction that keeps its reduced dim (torch's keepdim: the result indexed by a
     constant 0, [R, 1]) one that drops it ([R]) followed by a reshape: tiling needs each
     result indexed by loop dims. Other reductions are left as they are."""
@@ -120,7 +120,7 @@ def _drop_kept_dim(op: ir.Operation) -> None:
     op.erase()
 
 
-def _domain(op: ir.Operation) -> list[int] | None:
+def loop_ranges(op: ir.Operation) -> list[int] | None:
     """The static loop ranges of a generic whose loops are parallel but for maybe the last
     one, read from an operand indexed by the identity map; None for any other op."""
     iterators = iterator_types(op)
@@ -142,21 +142,23 @@ def _static(value: ir.Value) -> bool:
 
 def _last_dim_reduction(op: ir.Operation) -> bool:
     iterators = iterator_types(op)
-    return bool(iterators) and "reduction" in iterators[-1] and _domain(op) is not None
+    return bool(iterators) and "reduction" in iterators[-1] and loop_ranges(op) is not None
 
 
 def _all_parallel(op: ir.Operation) -> bool:
     iterators = iterator_types(op)
-    return bool(iterators) and "parallel" in iterators[-1] and _domain(op) is not None
+    return bool(iterators) and "parallel" in iterators[-1] and loop_ranges(op) is not None
 
 
-def _reads_row_reduction(op: ir.Operation) -> bool:
+def reads_row_reduction(op: ir.Operation) -> bool:
     """Whether an all-parallel generic reads a last-dim reduction over its own loop ranges."""
-    if not _all_parallel(op) or _domain(op)[-1] % ROW_MULTIPLE:
+    if not _all_parallel(op) or loop_ranges(op)[-1] % ROW_MULTIPLE:
         return False
-    sources = [_through_reshapes(value) for value in op.operands]
+    sources = [through_reshapes(value) for value in op.operands]
     return any(
-        source is not None and _last_dim_reduction(source) and _domain(source) == _domain(op)
+        source is not None
+        and _last_dim_reduction(source)
+        and loop_ranges(source) == loop_ranges(op)
         for source in sources
     )
 
@@ -164,7 +166,7 @@ def _reads_row_reduction(op: ir.Operation) -> bool:
 def _feeds_chain(op: ir.Operation) -> bool:
     """Whether a later op of the chain (over the same loop ranges, through reshapes) reads
     this op's result and a row reduction."""
-    domain = _domain(op)
+    domain = loop_ranges(op)
     visited: list[ir.Operation] = []
     pending = [op]
     while pending:
@@ -177,14 +179,14 @@ def _feeds_chain(op: ir.Operation) -> bool:
                 visited.append(user)
                 if user.name in _RESHAPES:
                     pending.append(user)
-                elif _domain(user) == domain:
-                    if _reads_row_reduction(user):
+                elif loop_ranges(user) == domain:
+                    if reads_row_reduction(user):
                         return True
                     pending.append(user)
     return False
 
 
-def _through_reshapes(value: ir.Value) -> ir.Operation | None:
+def through_reshapes(value: ir.Value) -> ir.Operation | None:
     """The op that produced a value, looking through expand_shape and collapse_shape."""
     op = producer(value)
     while op is not None and op.name in _RESHAPES:
