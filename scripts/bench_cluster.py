@@ -50,7 +50,7 @@ def sweep(address: str, kb: Path, levels: Path, workdir: Path) -> tuple[float, f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", type=int, default=8, help="kernels per sweep (default 8)")
     parser.add_argument("--size", type=int, default=256, help="matrix size N (default 256)")
     parser.add_argument("--depth", type=int, default=128, help="matmuls per kernel (128)")

@@ -86,7 +86,7 @@ def median(cwd: Path, samples: int, *args: str, before=lambda: None) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=3)
     args = parser.parse_args()
     cpu = next(

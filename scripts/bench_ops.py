@@ -35,7 +35,7 @@ from kbd.results.stats import format_ns  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+        description=__doc__.split("\n\n")[0],
         epilog="Options after -- go to kbd run as they are, e.g. `-- -O 2`.",
     )
     parser.add_argument("ops", nargs="*", help="op prefixes, e.g. 1_ or 5_conv (default: all)")

@@ -123,7 +123,7 @@ def make_kernels(root: Path, count: int, size: int, depth: int) -> tuple[Path, P
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10, help="start-ups to time (default 10)")
     parser.add_argument("--kernels", type=int, default=16, help="kernels for throughput (16)")
     parser.add_argument("--size", type=int, default=256, help="matrix size N (default 256)")

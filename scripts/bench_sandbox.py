@@ -128,7 +128,7 @@ def ms(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=40, help="workers per side (default 40)")
     args = parser.parse_args()
     print(machine_line())

@@ -92,7 +92,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cases", nargs="*", help=f"cases to run (default: all of {list(CASES)})")
     parser.add_argument("--reps", type=int, default=11, help="timed calls per side (median)")
     parser.add_argument("--cores", default="", help="cores to pin to, e.g. 0,1 (default: one)")

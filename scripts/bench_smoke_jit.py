@@ -43,7 +43,7 @@ def cpu() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("prefixes", nargs="*", default=SAMPLE)
     parser.add_argument("--level-a", type=int, default=3)
     parser.add_argument("--level-b", type=int, default=1)

@@ -80,7 +80,7 @@ def per_level(records: dict[str, dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("prefixes", nargs="*", help="kernel prefixes (default: all 250)")
     parser.add_argument("--baseline", default=None, help="git revision to compare against")
     parser.add_argument("--no-sandbox-variant", action="store_true",

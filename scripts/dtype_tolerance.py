@@ -351,7 +351,7 @@ def report(records: list[dict], dtypes: list[str], kernels: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernels", nargs="*", help="kernel prefixes, e.g. level1/ (default: all)")
     parser.add_argument(
         "--levels",

@@ -34,7 +34,7 @@ from kbd.plan.target import cpu_model  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernels", nargs="+", metavar="PREFIX")
     parser.add_argument("--budget", type=int, default=12)
     parser.add_argument("--search-time", type=float, default=0.2)

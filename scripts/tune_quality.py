@@ -35,7 +35,7 @@ REACH = 0.95
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernels", nargs="+", metavar="PREFIX")
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--max-space", type=int, default=150)
