@@ -23,7 +23,7 @@ from torch_mlir import ir
 
 from kbd.plan import descriptor, target
 from kbd.worker import families, ingress, mlir, runtime
-from kbd.worker.mlir import conv_widths, outline
+from kbd.worker.mlir import conv_widths, outline, walk
 from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
@@ -1343,6 +1343,42 @@ def test_both_product_families_schedule_a_transformers_matmuls_and_batch_matmuls
     after = str(module)
     assert "linalg.matmul" not in after and "linalg.batch_matmul" not in after
     assert "vector.contract" in after or "vector.reduction" in after
+
+
+class ConvLinear(torch.nn.Module):
+    """A small convnet: a strided convolution and a Linear classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.fc = torch.nn.Linear(16 * 8 * 8, 64)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+@pytest.mark.parametrize("family", ["conv2d", "matmul", "batch_matmul"])
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_every_family_schedules_products_and_convolutions(family, feature):
+    """Whichever family a kernel's dominant op gave it, its descriptor includes
+    product-stages.yaml and convolution-stages.yaml: a convnet's Linear classifier and its
+    convolution are both vectorized, neither left to the loop lowering."""
+    path = SCHEDULES / "x86_64" / (feature or "") / family / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(ConvLinear(), [torch.randn(2, 3, 16, 16)])
+    before = str(module)
+    assert "linalg.matmul" in before and "linalg.conv_2d" in before
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage.name == "reduction.mlir":
+            break
+    after = str(module)
+    assert "linalg.matmul" not in after and "linalg.conv_2d" not in after
+    assert "vector.fma" in after or "vector.contract" in after
+    # what the loop lowering would take: a reduction (the classifier's product, or the
+    # convolution's, generalized) left as a linalg op
+    reductions = [op for op in walk.ops_named(module, "linalg.generic") if "reduction" in str(op)]
+    assert not reductions, reductions[0]
 
 
 @pytest.mark.parametrize(
