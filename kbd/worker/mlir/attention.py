@@ -84,20 +84,11 @@ def _attention(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
 def _scores(end: ir.Operation) -> ir.Operation | None:
     """The one `linalg.batch_matmul` of the chain's shape that the chain ending at `end` reads,
     through its ops over the same loop ranges; None when there is not exactly one."""
-    domain = row_chains.loop_ranges(end)
-    found: list[ir.Operation] = []
-    visited: list[ir.Operation] = []
-    pending = [end]
-    while pending:
-        current = pending.pop()
-        for value in current.operands:
-            source = row_chains.through_reshapes(value)
-            if source is None or source in visited:
-                continue
-            visited.append(source)
-            if source.name == "linalg.batch_matmul":
-                if list(ir.RankedTensorType(source.results[0].type).shape) == domain:
-                    found.append(source)
-            elif row_chains.loop_ranges(source) == domain:
-                pending.append(source)
+    ranges = row_chains.loop_ranges(end)
+    found = [
+        source
+        for source in row_chains.chain_sources(end)
+        if source.name == "linalg.batch_matmul"
+        and list(ir.RankedTensorType(source.results[0].type).shape) == ranges
+    ]
     return found[0] if len(found) == 1 else None

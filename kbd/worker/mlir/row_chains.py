@@ -61,21 +61,30 @@ def mark_row_chains(module: ir.Module) -> int:
 def chain_reductions(end: ir.Operation) -> list[ir.Operation]:
     """The last-dim reductions over the chain's loop ranges that the chain ending at `end`
     reads, directly or through its other ops."""
-    domain = loop_ranges(end)
-    found: list[ir.Operation] = []
+    ranges = loop_ranges(end)
+    return [
+        source
+        for source in chain_sources(end)
+        if loop_ranges(source) == ranges and _last_dim_reduction(source)
+    ]
+
+
+def chain_sources(end: ir.Operation) -> list[ir.Operation]:
+    """Every op whose result the chain ending at `end` reads, through reshapes and through its
+    ops over the same loop ranges (the chain's own ops, and the ops just outside it)."""
+    ranges = loop_ranges(end)
     visited: list[ir.Operation] = []
     pending = [end]
     while pending:
         current = pending.pop()
         for value in current.operands:
             source = through_reshapes(value)
-            if source is None or source in visited or loop_ranges(source) != domain:
+            if source is None or source in visited:
                 continue
             visited.append(source)
-            pending.append(source)
-            if _last_dim_reduction(source):
-                found.append(source)
-    return found
+            if loop_ranges(source) == ranges:
+                pending.append(source)
+    return visited
 
 
 def drop_kept_dim(op: ir.Operation) -> None:
