@@ -7,9 +7,10 @@
 // tileable; the projections are the matmul schedule's blocks by now, so fusion stops there.
 // Each block's scores ($block_q rows of the key length) live in the cache between the two
 // products instead of the whole score matrix in memory.
-// In each block, the scores' product is split into slices of $block_k keys (scf.for): fusion
-// of the softmax into rows then stops at those slices instead of computing the scores one row
-// at a time. The softmax is tiled by single rows with its ops fused into each row, as
+// In each block, the scores' product is split into slices of $block_k keys (an scf.forall
+// with its fill fused, as batch-matmul.mlir expects of a product; a parallel loop inside a
+// parallel loop runs on the thread that meets it): fusion of the softmax into rows then stops
+// at those slices instead of computing the scores one row at a time. The softmax is tiled by single rows with its ops fused into each row, as
 // row-chains.mlir does, and marked kbd.rows for reduction.mlir. The products left in each
 // block are linalg.batch_matmuls, vectorized by batch-matmul(-transposed-b).mlir after this.
 // Variables: block_q (query rows per block; divides the query length: kbd-mark-attention
