@@ -423,7 +423,7 @@ CASES = {
         (TensorMatrixEinsum, [(2, 3, 5, 24), (24, 40)]),  # kbd-unit-dims-as-reshapes first
         (SharedWeightBmm, [(4, 5, 24), (40, 24)]),  # one matmul of 20 rows, W's transpose folded
         (Lstm, [(3, 4, 24)]),  # gates vectorized after each step's matmul
-        (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
+        (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # product-stages.yaml
         # rows of 64 scores: each softmax one row at a time (row-chains.mlir)
         (TwoAttentionLayers, [(2, 64, 48), (48, 48), (48, 48), (48, 48)]),
         (LinearSoftmax, [(10, 40), (64, 40)]),  # its softmax one row at a time
@@ -434,7 +434,7 @@ CASES = {
         (Bmm, [(2, 64, 32), (2, 32, 64)]),
         (Bmm, [(3, 20, 24), (3, 24, 37)]),
         (Attention, [(2, 3, 20, 40), (2, 3, 24, 40), (2, 3, 24, 33)]),  # partial tiles everywhere
-        (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # products.yaml
+        (SelfAttentionHeads, [(2, 20, 40), (24, 40), (24, 40), (24, 40)]),  # product-stages.yaml
         (TwoAttentionLayers, [(2, 64, 48), (48, 48), (48, 48), (48, 48)]),  # row-chains.mlir
     ],
     "element_wise": [
@@ -1327,7 +1327,7 @@ def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():
 @pytest.mark.parametrize("feature", [None, "avx512f"])
 def test_both_product_families_schedule_a_transformers_matmuls_and_batch_matmuls(family, feature):
     """A transformer is a matmul or a batch matmul kernel by whichever product dominates; either
-    way its descriptor includes products.yaml, which schedules every product: none is left as a
+    way its descriptor includes product-stages.yaml, which schedules every product: none is left as a
     linalg product (for the loop lowering) whichever family the kernel got."""
     path = SCHEDULES / "x86_64" / (feature or "") / family / "f32.yaml"
     args = [torch.randn(2, 20, 40), *(torch.randn(24, 40) for _ in range(3))]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from kbd.worker.mlir import row_chains
-from kbd.worker.mlir.walk import producer
+from kbd.worker.mlir.walk import producer, static_operand_types
 
 VALUES = "kbd.attention"  # the product with V: tiled into blocks of query rows
 SCORES = "kbd.attention_scores"  # the product Q K^T: sliced along the keys in each block
@@ -60,21 +60,20 @@ def mark_attention(module: ir.Module) -> int:
 def _attention(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
     """For the product with V of a long attention, the op that ends its softmax and the
     product of its scores; else None."""
-    if op.name != "linalg.batch_matmul" or not all(
-        isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape for v in op.operands
-    ):
+    types = static_operand_types(op) if op.name == "linalg.batch_matmul" else None
+    if types is None:
+        return None
+    shape = list(types[0].shape)  # of the probabilities: [matrices, queries, keys]
+    if shape[1] % QUERY_MULTIPLE or shape[1] * shape[2] < MIN_SCORES:
         return None
     probabilities = op.operands[0]
-    _, queries, keys = ir.RankedTensorType(probabilities.type).shape
-    if queries % QUERY_MULTIPLE or queries * keys < MIN_SCORES:
-        return None
     end = producer(probabilities)
     if (
         end is None
         or end.name != "linalg.generic"
         or len(list(probabilities.uses)) != 1
         or not row_chains.reads_row_reduction(end)
-        or row_chains.loop_ranges(end) != list(ir.RankedTensorType(probabilities.type).shape)
+        or row_chains.loop_ranges(end) != shape
     ):
         return None
     scores = _scores(end)
