@@ -1327,8 +1327,8 @@ def test_attention_reads_its_keys_in_place_under_the_batch_matmul_schedule():
 @pytest.mark.parametrize("feature", [None, "avx512f"])
 def test_both_product_families_schedule_a_transformers_matmuls_and_batch_matmuls(family, feature):
     """A transformer is a matmul or a batch matmul kernel by whichever product dominates; either
-    way its descriptor includes product-stages.yaml, which schedules every product: none is left as a
-    linalg product (for the loop lowering) whichever family the kernel got."""
+    way its descriptor includes product-stages.yaml, which schedules every product: none is
+    left as a linalg product (for the loop lowering) whichever family the kernel got."""
     path = SCHEDULES / "x86_64" / (feature or "") / family / "f32.yaml"
     args = [torch.randn(2, 20, 40), *(torch.randn(24, 40) for _ in range(3))]
     module = mlir.import_model(SelfAttentionHeads(), args)
