@@ -83,9 +83,11 @@ def test_unreachable_cluster_then_resume_here(tmp_path):
 
 def test_tune_on_two_nodes_each_task_on_one_node(cluster, tmp_path):
     """Two kernels tuned at once, each whole task (search and confirmation) on one node; trials
-    and adopted configurations in the head's store, keyed by the node's CPU and threads."""
+    and adopted configurations in the head's store, keyed by the node's CPU and threads. The
+    head plans no task for itself: with -j 1 its workers would have every core of this
+    machine, the nodes' one, and no task is recorded under the head's key."""
     quick = tunable(tmp_path, ["ok", "wrong"])
-    args = fixture_args("level1/1_", "level1/4_", "--pipeline", str(quick), *QUICK)
+    args = fixture_args("level1/1_", "level1/4_", "--pipeline", str(quick), *QUICK, "-j", "1")
     result = kbd("tune", *args, "--cluster", cluster.address, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "kbd: cluster: 2 nodes" in result.stderr
@@ -94,6 +96,8 @@ def test_tune_on_two_nodes_each_task_on_one_node(cluster, tmp_path):
             "SELECT kernel, stage, json_extract(record, '$.node') FROM trials"
         ).fetchall()
         keys = [json.loads(k) for (k,) in db.execute("SELECT key FROM tuned ORDER BY kernel")]
+        tasks = sorted(t for (t,) in db.execute("SELECT task FROM tune_tasks"))
+        adopted = sorted(t for (t,) in db.execute("SELECT task FROM tuned"))
         status = db.execute("SELECT status FROM tunes").fetchall()
     nodes = {kernel: {node for k, _, node in trials if k == kernel} for kernel, _, _ in trials}
     assert set(nodes) == {"level1/1_matmul", "level1/4_conv2d"}
@@ -101,6 +105,7 @@ def test_tune_on_two_nodes_each_task_on_one_node(cluster, tmp_path):
     assert nodes["level1/1_matmul"] != nodes["level1/4_conv2d"]  # both nodes, at once
     assert sum(1 for _, stage, _ in trials if stage == "search") == 6
     assert [(k["cpu"], k["threads"]) for k in keys] == [(target.cpu_model(), 1)] * 2
+    assert tasks == adopted and len(tasks) == 2  # the nodes' keys, none of the head's
     assert status == [("done",)]
 
 

@@ -99,12 +99,15 @@ def test_detach_attach_cancel_and_resume_a_tune_in_the_daemon(warm):
         stderr=subprocess.PIPE,
         text=True,
     )
+    running = set()  # the candidates `kbd daemon status` showed running
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        tunes = {s["tune_id"]: s for s in _status(warm)["sweeps"]}
-        if tunes.get(tune_id, {}).get("followers") == 1:
+        state = {s["tune_id"]: s for s in _status(warm)["sweeps"]}.get(tune_id, {})
+        running.update(state.get("running", ()))
+        if state.get("followers") == 1 and running:
             break
         time.sleep(0.2)
+    assert running and all(name.startswith("level1/1_matmul@") for name in running), running
     cancel = kbd("cancel", "--tune", str(tune_id), "--kill", cwd=warm)
     assert cancel.returncode == 0, cancel.stderr
     assert f"cancelling tune {tune_id}" in cancel.stderr

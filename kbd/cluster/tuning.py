@@ -3,10 +3,12 @@
 The `kbd tune` process is the head (kbd.cluster.head's agents, one per node). Each node takes
 the next kernel to tune and runs its whole task there, its search and its confirmation, `slots`
 candidates at a time, so that every timing of a task compares within one node. The task is
-planned for that node (kbd.tune.session.task_for with the node's `Machine` and threads): its
-schedule is the one for the node's CPU features and its key names the node's CPU, so what it
-adopts applies there and on machines like it. Trials and adopted configurations go to the
-head's store as each ends, through the same session as a local tune.
+planned for that node only (the head's session holds `Pending` kernels; the node plans with
+kbd.tune.session.task_for, its `Machine` and threads): its schedule is the one for the node's
+CPU features and its key names the node's CPU, so what it adopts applies there and on machines
+like it, and a kernel the head's CPU has no schedule for is still tuned where one exists.
+Trials and adopted configurations go to the head's store as each ends, through the same session
+as a local tune.
 
 A lost agent: the task's finished trials stay; candidates in flight there have no trial (one in
 flight during MAX_LOSSES losses becomes a `crash` trial, never run again), and the task goes

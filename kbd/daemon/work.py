@@ -343,11 +343,7 @@ class Work:
             wall = time.monotonic() - started
             log.info("%s: %s after %.1fs", active.name, status, wall)
             active.broadcast(SweepEnded(status=status, wall_s=wall, completed=completed))
-            for follower in active.followers:
-                follower.close()
-            self.active.pop(active.key, None)
-            for key in [k for k in self._rss if k[0] == active.key]:
-                del self._rss[key]
+            self._close(active)
 
     async def _execute_tune(self, active: Active) -> None:
         tune = active.tune
@@ -363,7 +359,13 @@ class Work:
         try:
             spawner = await self._template(cores_per_worker(self.pool.cores, jobs))
             runner = session.Here(
-                spawner, self.pool, jobs, options.timeout, tune.log_dir, active.control
+                spawner,
+                self.pool,
+                jobs,
+                options.timeout,
+                tune.log_dir,
+                active.control,
+                watch=self._hooks(active, None, records=False),
             )
             completed = await session.tune(tune, runner, report)
         except Exception as exc:
@@ -376,11 +378,22 @@ class Work:
             ended = session.finish(tune, completed, error)
             log.info("%s: %s after %.1fs", active.name, ended.status, time.monotonic() - started)
             active.broadcast(ended)
-            for follower in active.followers:
-                follower.close()
-            self.active.pop(active.key, None)
+            self._close(active)
 
-    def _hooks(self, active: Active, store: Store | None) -> Hooks:
+    def _close(self, active: Active) -> None:
+        """After its last event: end the followers' streams and forget `active`."""
+        for follower in active.followers:
+            follower.close()
+        self.active.pop(active.key, None)
+        for key in [k for k in self._rss if k[0] == active.key]:
+            del self._rss[key]
+
+    def _hooks(self, active: Active, store: Store | None, *, records: bool = True) -> Hooks:
+        """Hooks that keep `active`'s running kernels and their memory (`kbd daemon status`,
+        a new follower's replay) and broadcast its events; with `records`, a finished record
+        is also stored (a sweep) and replayed to later followers. A tune's candidates need no
+        records here: the tune stores and reports them as trials."""
+
         def started(kernel: str) -> None:
             active.running[kernel] = START_PHASE
             active.broadcast(KernelStarted(kernel))
@@ -397,6 +410,8 @@ class Work:
         def finished(record: Record) -> None:
             active.running.pop(record.label, None)
             self._rss.pop((active.key, record.label), None)
+            if not records:
+                return
             if store is not None:
                 store.add_attempt(active.sweep_id, active.prepared.hashes[record.key], record)
             active.finished.append(active.broadcast(KernelFinished(record)))

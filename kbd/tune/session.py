@@ -60,13 +60,27 @@ class Task:
 
 
 @dataclass
+class Pending:
+    """A selected kernel not planned yet: on a cluster, the node that takes it plans its task
+    for its own CPU (kbd.cluster.tuning). `note`: why that node did not tune it."""
+
+    planned: Planned
+    note: str = ""
+
+    @property
+    def entry(self) -> Entry:
+        return self.planned.entry
+
+
+@dataclass
 class Session:
-    """A tune ready to run: its stored session, its tasks with their trials so far."""
+    """A tune ready to run: its stored session, its tasks with their trials so far (on a
+    cluster, `Pending` kernels until a node plans them)."""
 
     options: TuneSpec
     tuning: TuningStore
     tune_id: int
-    tasks: list[Task]
+    tasks: list[Task | Pending]
     log_dir: Path
     notes: list[str]  # what to say first (resuming, kernels skipped)
 
@@ -99,6 +113,7 @@ class Here:
     timeout: float
     log_dir: Path
     control: Control | None = None  # None: Ctrl-C and SIGTERM stop the tune
+    watch: Hooks | None = None  # the daemon's: which candidates run, in which phase, their RSS
 
     async def run(self, plans: list[Planned], hooks: Hooks) -> bool:
         return await scheduler.execute(
@@ -108,9 +123,26 @@ class Here:
             jobs=self.jobs,
             timeout=self.timeout,
             log_dir=self.log_dir,
-            hooks=hooks,
+            hooks=hooks if self.watch is None else _watched(hooks, self.watch),
             control=self.control,
         )
+
+
+def _watched(hooks: Hooks, watch: Hooks) -> Hooks:
+    """`hooks` with `watch`'s view of each candidate's start, phases, memory and end."""
+
+    def finished(record: Record) -> None:
+        watch.finished(record)
+        hooks.finished(record)
+
+    return Hooks(
+        started=watch.started,
+        phase=watch.phase,
+        memory=watch.memory,
+        finished=finished,
+        lost=hooks.lost,
+        notice=hooks.notice,
+    )
 
 
 def run(
@@ -126,7 +158,8 @@ def run(
     kbd.cluster.tuning.execute: on a Ray cluster)."""
     from kbd.tune import show as view
 
-    session = begin(options, db, tune_id, log_dir, Path(".kbd") / "logs", command)
+    logs = Path(".kbd") / "logs"
+    session = begin(options, db, tune_id, log_dir, logs, command, here=execute is None)
     report = Report(notice=_say, trial=view.show_trial)
     for note in session.notes:
         report.notice(note)
@@ -157,13 +190,16 @@ def begin(
     log_dir: Path | None,
     logs: Path,
     command: str,
+    *,
+    here: bool = True,
 ) -> Session:
-    """Plan the tasks, create the stored session (or mark `tune_id`'s running again) and load
-    each task's trials. Raises InputError when there is nothing to tune. Logs go to `log_dir`,
-    else to `logs`/tune-ID."""
+    """Plan the tasks for this machine (`here`; else each stays `Pending` for the cluster node
+    that takes it), create the stored session (or mark `tune_id`'s running again) and load each
+    planned task's trials. Raises InputError when there is nothing to tune. Logs go to
+    `log_dir`, else to `logs`/tune-ID."""
     tuning = TuningStore(Store(db))
     notes = [f"kbd tune: resuming session {tune_id}"] if tune_id is not None else []
-    tasks, skipped = plan_tasks(options)
+    tasks, skipped = plan_tasks(options) if here else pending_tasks(options)
     if not tasks:
         first = skipped[0].removeprefix("kbd tune: ").removesuffix("; skipped")
         more = f" (and {len(skipped) - 1} more kernels)" if len(skipped) > 1 else ""
@@ -176,7 +212,8 @@ def begin(
         options, tuning, tune_id, tasks, log_dir or logs / f"tune-{tune_id}", notes + skipped
     )
     for task in tasks:
-        load_trials(session, task)
+        if isinstance(task, Task):
+            load_trials(session, task)
     return session
 
 
@@ -209,13 +246,13 @@ def finish(session: Session, completed: bool, error: str | None = None) -> TuneE
     resume = f"kbd tune: interrupted; `kbd tune --resume {tune_id}` continues"
     if error is not None:
         return TuneEnded(tune_id, status, [], [f"kbd: error: {error}", resume], EXIT_FAILED)
-    rows = [_row(task) for task in session.tasks]
+    rows = [_row(task) for task in session.tasks if isinstance(task, Task) or task.note]
     if not completed:
         return TuneEnded(tune_id, status, rows, [resume], EXIT_FAILED)
     closing = [
         f"kbd tune: {task.entry.name}: no configuration passed and was timed"
         for task in session.tasks
-        if not any(x.timed for x in task.trials)
+        if not isinstance(task, Task) or not any(x.timed for x in task.trials)
     ]
     return TuneEnded(tune_id, status, rows, closing, EXIT_FAILED if closing else EXIT_OK)
 
@@ -258,19 +295,40 @@ def plan_tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
     return tasks, skipped
 
 
+def pending_tasks(options: TuneSpec) -> tuple[list[Pending], list[str]]:
+    """One pending task per selected kernel that some machine could tune (planned later, by
+    the node that takes it); lines saying why others cannot be tuned anywhere."""
+    tasks, skipped = [], []
+    for planned in prepare.plan(candidates_spec(options), None):
+        reason = _untunable(options, planned.entry)
+        if reason is None:
+            tasks.append(Pending(planned))
+        else:
+            skipped.append(f"kbd tune: {planned.entry.name}: {reason}; skipped")
+    return tasks, skipped
+
+
+def _untunable(options: TuneSpec, entry: Entry) -> str | None:
+    """Why a kernel cannot be tuned on any machine, or None."""
+    if options.descriptor is None and entry.schedule_family is None:
+        return "its levels entry names no family (--pipeline names a descriptor to tune)"
+    if entry.inputs is None:
+        return "its levels entry has no input shapes"
+    return None
+
+
 def task_for(options: TuneSpec, planned: Planned, chooser: pipelines.Chooser) -> Task | str:
     """The tuning task of one planned kernel for the chooser's machine, or why it has none."""
     entry = planned.entry
+    reason = _untunable(options, entry)
+    if reason is not None:
+        return reason
     if options.descriptor is not None:
         path = Path(options.descriptor)
     else:
         path = chooser.descriptor_for(entry)
     if path is None:
-        if entry.schedule_family is None:
-            return "its levels entry names no family (--pipeline names a descriptor to tune)"
         return f"no {entry.schedule_family} {entry.dtype} schedule for this CPU"
-    if entry.inputs is None:
-        return "its levels entry has no input shapes"
     tunable = space.load(path)
     if tunable is None:
         return f"{path} declares no Tune space"
@@ -409,9 +467,11 @@ def _ended(task: Task, trial: Trial) -> TrialEnded:
     )
 
 
-def _row(task: Task) -> TaskRow:
+def _row(task: Task | Pending) -> TaskRow:
     """The task's row of the summary table (kbd.results.tune_summary, as the HTML report shows
     it)."""
+    if isinstance(task, Pending):
+        return TaskRow(task.entry.name, None, 0, "0", None, None, task.note)
     summary = tune_summary.summarize(
         task.entry.name, task.key.descriptor, len(task.configs), task.configs[0], task.trials
     )
