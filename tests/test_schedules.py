@@ -473,6 +473,10 @@ CASES = {
         # three alike: one outlined function (kbd-outline-repeated-ops)
         (RepeatedConvs, [(2, 6, 10, 21), (6, 6, 3, 3), (6, 6, 3, 3), (6, 6, 3, 3), (4, 6, 1, 1)]),
         (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
+        # pointwise: over one image a matmul (kbd-pointwise-convs-as-matmuls), partial tiles,
+        # padded (its border is the bias); over two, channels last
+        (functools.partial(Conv, (20, 12, 1, 1), padding=1), [(1, 12, 5, 9)]),
+        (functools.partial(Conv, (40, 24, 1, 1)), [(2, 24, 7, 7)]),
         # kbd-pad-conv-widths: rows of 30 computed as 32, of 18 (dilated) as 32
         (Conv, [(2, 3, 6, 32)]),
         (functools.partial(Conv, (5, 3, 3, 3), dilation=2, padding=1), [(1, 3, 7, 20)]),
@@ -910,6 +914,37 @@ def test_a_strided_convolution_becomes_a_stride_one_convolution_over_phases(conv
     before = str(module)
     mlir.apply_stage(module, stage)
     assert str(module) == before
+
+
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_a_pointwise_convolution_of_one_image_becomes_a_matmul(feature):
+    """kbd-pointwise-convs-as-matmuls, before the channels-last rewrite: a 1 x 1 convolution
+    over one image of 7 x 7 becomes a matmul of its [40, 24] kernel and the image as [24, 49]
+    (no transpose, no copy of the input) onto its bias, which the matmul schedule then leaves
+    no matmul of; over two images, or strided, it stays a convolution."""
+    path = SCHEDULES / "x86_64" / (feature or "") / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    names = [stage.text for stage in stages]
+    assert names.index("kbd-pointwise-convs-as-matmuls") < names.index("kbd-convs-channels-last")
+    module = mlir.import_model(Conv((40, 24, 1, 1)), [torch.randn(1, 24, 7, 7)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-pointwise-convs-as-matmuls":
+            assert "linalg.conv_2d" not in text and "linalg.transpose" not in text
+            products = [line for line in text.splitlines() if "linalg.matmul" in line]
+            assert len(products) == 1
+            assert "tensor<40x24xf32>, tensor<24x49xf32>" in products[0]
+            assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<40x49xf32>", text)
+            for others in (Conv((40, 24, 1, 1)), Conv((40, 24, 1, 1), stride=2)):
+                kept = mlir.import_model(others, [torch.randn(2, 24, 7, 7)])
+                mlir.apply_stage(kept, stage)
+                assert "linalg.conv_2d_nchw_fchw" in str(kept)
+        if stage.name == "matmul.mlir":
+            assert "linalg.matmul" not in text
+            break
+    else:
+        raise AssertionError("the conv2d schedule has no matmul.mlir stage")
 
 
 def test_a_grouped_convolution_becomes_one_convolution_per_group():

@@ -426,7 +426,7 @@ def hoist_allocas(module: ir.Module) -> int:
 FOLD_TRANSPOSE_MAX_ROWS = 128
 
 
-def _matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
+def matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
     """Indexing maps over (m, n, k) of C[m, n] += A[m, k] * B[b_dims]."""
     return _product_maps(b_dims, batched=False)
 
@@ -684,7 +684,7 @@ def unit_dims_as_reshapes(module: ir.Module) -> int:
             batch = [[0, 1], [2]]
             with ir.InsertionPoint(op), op.location:
                 a, b, c = (_without_batch(v, t) for t, v in zip(types, op.operands, strict=True))
-                product = linalg.matmul(a, b, outs=[c], indexing_maps=_matmul_maps((2, 1)))
+                product = linalg.matmul(a, b, outs=[c], indexing_maps=matmul_maps((2, 1)))
                 result = tensor.expand_shape(types[2], product, batch, [], types[2].shape)
             op.results[0].replace_all_uses_with(result)
             op.erase()
@@ -803,7 +803,7 @@ def shared_b_batch_matmuls_as_matmuls(module: ir.Module) -> int:
                     ir.RankedTensorType.get(rows_a, types[0].element_type), op.operands[0], stacked
                 )
                 c = _stacked_init(op.operands[2], types[2])
-                product = linalg.matmul(a, source, outs=[c], indexing_maps=_matmul_maps((2, 1)))
+                product = linalg.matmul(a, source, outs=[c], indexing_maps=matmul_maps((2, 1)))
                 result = tensor.expand_shape(types[2], product, stacked, [], types[2].shape)
             copies, init = producer(op.operands[1]), producer(op.operands[2])
             op.results[0].replace_all_uses_with(result)

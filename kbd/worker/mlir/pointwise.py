@@ -1,0 +1,72 @@
+"""Pointwise convolutions of one image as matmuls (the `kbd-pointwise-convs-as-matmuls`
+stage).
+
+A convolution with a 1 x 1 kernel and stride 1 over one image (a MobileNet's pointwise layers
+at batch 1) is a product: out = W x in, with W the kernel as [F, C] and in the image as
+[C, H * W], both stored so by NCHW already. Where its rows are narrow (7 or 14 columns in a
+network's last stages), the convolution schedules compute it channels last
+(kbd-convs-channels-last, by `conv_widths.channels_last`), between transposes of the input, the
+kernel and the result, each a copy on every call. Such a convolution becomes a `linalg.matmul`
+over collapsed views instead, which the matmul schedule computes with rows of H * W columns,
+and nothing is copied. Over several images it stays a convolution: channels last computes all
+of their N * H * W positions as one, where one small matmul per image lost (EfficientNetB1 at
+batch 10 took 1.5x as long). Wide rows stay convolutions too: conv2d.mlir computes them in
+place as fast.
+
+Runs before the product schedules (product-stages.yaml), which then tile these matmuls as any
+other. The accumulator must be a constant or a bias (`walk.channel_init`: made afresh as
+[F, H * W], which the matmul schedule fuses into its blocks); a convolution accumulating onto
+anything else is left to the convolution schedules.
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir.dialects import linalg, tensor
+
+from kbd.worker.mlir import conv_widths
+from kbd.worker.mlir.rewrites import matmul_maps
+from kbd.worker.mlir.walk import channel_init, int_array, static_ops
+
+ROWS = [[0, 1], [2, 3]]  # [1, C, H, W] <-> [C, H * W]
+
+
+def pointwise_convs_as_matmuls(module: ir.Module) -> int:
+    """Rewrite every static 1 x 1, stride-1 `linalg.conv_2d_nchw_fchw` over one image whose
+    rows are narrow and whose accumulator is a constant or a bias into a `linalg.matmul`;
+    returns how many were rewritten."""
+    changed = 0
+    with module.context, ir.Location.unknown():
+        for op, types in static_ops(module, "linalg.conv_2d_nchw_fchw"):
+            n, c, h, w = types[0].shape
+            f, _, kh, kw = types[1].shape
+            if (n, kh, kw) != (1, 1, 1) or int_array(op, "strides") != [1, 1]:
+                continue
+            if not conv_widths.channels_last(w, f, h * w, input_copied=False):
+                continue  # wide rows: conv2d.mlir computes them in place, as fast
+            element = types[2].element_type
+            image, weight, init = op.operands
+            with ir.InsertionPoint(op), op.location:
+                accumulator = channel_init(init, element, [f, h * w], 0)
+                if accumulator is None:  # nothing was made
+                    continue
+                product = linalg.matmul(
+                    _collapsed(weight, [f, c], [[0], [1, 2, 3]]),
+                    _collapsed(image, [c, h * w], ROWS),
+                    outs=[accumulator],
+                    indexing_maps=matmul_maps((2, 1)),
+                )
+                shape = [1, f, h, w]
+                result = tensor.expand_shape(
+                    ir.RankedTensorType.get(shape, element), product, ROWS, [], shape
+                )
+            op.results[0].replace_all_uses_with(result)
+            op.erase()
+            changed += 1
+    return changed
+
+
+def _collapsed(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
+    """`value` collapsed to `shape` by `groups` (a view: the grouped dims are contiguous)."""
+    element = ir.RankedTensorType(value.type).element_type
+    return tensor.collapse_shape(ir.RankedTensorType.get(shape, element), value, groups)
