@@ -199,7 +199,7 @@ def begin(
     `log_dir`, else to `logs`/tune-ID."""
     tuning = TuningStore(Store(db))
     notes = [f"kbd tune: resuming session {tune_id}"] if tune_id is not None else []
-    tasks, skipped = plan_tasks(options) if here else pending_tasks(options)
+    tasks, skipped = plan_tasks(options, here=here)
     if not tasks:
         first = skipped[0].removeprefix("kbd tune: ").removesuffix("; skipped")
         more = f" (and {len(skipped) - 1} more kernels)" if len(skipped) > 1 else ""
@@ -280,31 +280,22 @@ def candidates_spec(options: TuneSpec) -> SweepSpec:
     )
 
 
-def plan_tasks(options: TuneSpec) -> tuple[list[Task], list[str]]:
-    """One task per selected kernel with a tunable schedule, for this machine; lines saying why
-    others have none."""
+def plan_tasks(options: TuneSpec, *, here: bool = True) -> tuple[list[Task | Pending], list[str]]:
+    """One task per selected kernel with a tunable schedule for this machine (`here`), else one
+    `Pending` task per kernel some machine could tune (planned by the node that takes it);
+    lines saying why the others have none."""
     sweep = candidates_spec(options)
-    chooser = prepare.chooser_for(sweep, None)
+    chooser = prepare.chooser_for(sweep, None) if here else None
     tasks, skipped = [], []
     for planned in prepare.plan(sweep, None):
-        task = task_for(options, planned, chooser)
+        if chooser is not None:
+            task = task_for(options, planned, chooser)
+        else:
+            task = _untunable(options, planned.entry) or Pending(planned)
         if isinstance(task, str):
             skipped.append(f"kbd tune: {planned.entry.name}: {task}; skipped")
         else:
             tasks.append(task)
-    return tasks, skipped
-
-
-def pending_tasks(options: TuneSpec) -> tuple[list[Pending], list[str]]:
-    """One pending task per selected kernel that some machine could tune (planned later, by
-    the node that takes it); lines saying why others cannot be tuned anywhere."""
-    tasks, skipped = [], []
-    for planned in prepare.plan(candidates_spec(options), None):
-        reason = _untunable(options, planned.entry)
-        if reason is None:
-            tasks.append(Pending(planned))
-        else:
-            skipped.append(f"kbd tune: {planned.entry.name}: {reason}; skipped")
     return tasks, skipped
 
 
