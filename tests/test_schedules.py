@@ -516,6 +516,12 @@ CASES = {
         (functools.partial(Conv3d, (4, 2, 3, 1, 3), dilation=(2, 1, 1)), [(1, 2, 9, 5, 20)]),
         (functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2), [(1, 4, 3, 5, 6)]),
         (functools.partial(Conv3d, (6, 2, 1, 3, 3), groups=2), [(1, 4, 3, 6, 10)]),
+        # a kernel one column wide: depths by flattened rows and columns, taps dilated by W
+        (functools.partial(Conv3d, (8, 3, 3, 3, 1), stride=(2, 1, 1)), [(2, 3, 7, 6, 10)]),
+        (
+            functools.partial(Conv3d, (6, 3, 3, 2, 1), padding=1, dilation=(1, 2, 1)),
+            [(1, 3, 5, 7, 9)],
+        ),
         # channels last (conv2d-nhwc.mlir): rows of 8 columns, 16 and 32 filters, a dilated
         # depth; a transposed one (a padded input)
         (functools.partial(Conv3d, (16, 3, 3, 3, 3), dilation=(2, 1, 1)), [(2, 3, 7, 6, 10)]),
@@ -1255,6 +1261,30 @@ def test_narrow_rows_with_many_filters_are_computed_channels_last():
             break
     else:
         raise AssertionError("the conv3d schedule has no conv2d-nhwc.mlir stage")
+
+
+def test_a_kernel_one_column_wide_convolves_flattened_rows():
+    """kbd-conv3d-as-conv2d: a conv3d whose kernel is one column wide, at unit row and column
+    strides, is one 2-D convolution over the depths and the rows and columns flattened, its
+    row taps dilated by the width: input, kernel and output are reshaped, none is copied."""
+    path = SCHEDULES / "x86_64" / "avx512f" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    model = Conv3d((8, 3, 3, 3, 1), dilation=(1, 2, 1))
+    module = mlir.import_model(model, [torch.randn(2, 3, 7, 8, 10)])
+    mlir.apply_stage(module, stages[0])
+    assert stages[0].text == "kbd-conv3d-as-conv2d"
+    text = str(module)
+    conv = next(line for line in text.splitlines() if "linalg.conv_2d_nchw_fchw" in line)
+    assert "dilations = dense<[1, 20]>" in conv
+    assert "tensor<2x3x7x80xf32>, tensor<8x3x3x3xf32>" in conv
+    assert "tensor<2x8x5x40xf32>" in conv
+    assert "linalg.transpose" not in text
+    # a column stride, or a kernel wider than one column, keeps the stacked depth taps
+    for strided in (Conv3d((8, 3, 3, 3, 1), stride=(1, 1, 2)), Conv3d((8, 3, 3, 3, 2))):
+        module = mlir.import_model(strided, [torch.randn(2, 3, 7, 8, 10)])
+        mlir.apply_stage(module, stages[0])
+        assert "dilations = dense<[1, 10]>" not in str(module)
+        assert "linalg.transpose" in str(module)
 
 
 @pytest.mark.parametrize("tile", ["cl_f=64 cl_w=6", "cl_f=48 cl_w=14"])

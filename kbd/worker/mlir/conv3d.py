@@ -16,6 +16,10 @@ are folded into the batch depth-major ([OD * N] images), so that output depths w
 differ (a transposed convolution's border depths read fewer real depths of its zero-padded
 input: `_depth_groups`) are convolutions of their own over contiguous images, with only the
 taps that read real depths.
+
+A kernel one column wide at unit row and column strides needs no stack (`flat_rows`): with
+rows and columns flattened its row taps are dilated by the width, a 2-D convolution over
+[N, C, D, H * W] of its operands reshaped, and its output rows are long.
 """
 
 from __future__ import annotations
@@ -94,6 +98,13 @@ def conv3d_as_conv2d(module: ir.Module) -> int:
                 strides=int_array(op, "strides"),
                 dilations=int_array(op, "dilations"),
             )
+            if kw == 1 and conv.strides[1:] == [1, 1]:
+                with ir.InsertionPoint(op), op.location:
+                    result = conv.flat_rows(*op.operands)
+                op.results[0].replace_all_uses_with(result)
+                op.erase()
+                changed += 1
+                continue
             positions = n * od * oh * ow
             channels_last = conv_widths.channels_last(ow, f, positions, input_copied=True)
             with ir.InsertionPoint(op), op.location:
@@ -111,6 +122,45 @@ class _Conv3d:
     def __init__(self, *, element, image, kernel, output, strides, dilations):
         self.element, self.image, self.kernel, self.output = element, image, kernel, output
         self.strides, self.dilations = strides, dilations
+
+    def flat_rows(self, image, weight, init) -> ir.Value:
+        """The convolution of a kernel one column wide, with unit strides over rows and
+        columns, as one 2-D convolution over the depths and the rows and columns flattened:
+        output column w of row r reads input column w of rows r + kh * dilation, which is
+        flat position (r + kh * dilation) * W + w, so the row taps are dilated by W. Input,
+        kernel and output are reshaped, not copied."""
+        (n, c, h, w), (f, kd, kh, _), (od, oh, ow) = self.image, self.kernel, self.output
+        element = self.element
+        flat_image = tensor.collapse_shape(
+            ir.RankedTensorType.get(
+                [n, c, ir.RankedTensorType(image.type).shape[2], h * w], element
+            ),
+            image,
+            [[0], [1], [2], [3, 4]],
+        )
+        flat_kernel = tensor.collapse_shape(
+            ir.RankedTensorType.get([f, c, kd, kh], element), weight, [[0], [1], [2], [3, 4]]
+        )
+        shape = [n, f, od, oh * ow]
+        flat_init = channel_init(init, element, shape, 1)
+        if flat_init is None:
+            flat_init = tensor.collapse_shape(
+                ir.RankedTensorType.get(shape, element), init, [[0], [1], [2], [3, 4]]
+            )
+        flat = linalg.conv_2d_nchw_fchw(
+            flat_image,
+            flat_kernel,
+            outs=[flat_init],
+            strides=[self.strides[0], 1],
+            dilations=[self.dilations[0], self.dilations[1] * w],
+        )
+        return tensor.expand_shape(
+            ir.RankedTensorType.get([n, f, od, oh, ow], element),
+            flat,
+            [[0], [1], [2], [3, 4]],
+            [],
+            [n, f, od, oh, ow],
+        )
 
     def build(self, image, weight, init, layout: _Layout) -> ir.Value:
         """The convolution's result: per group of output depths with the same depth taps
