@@ -224,6 +224,8 @@ def test_faulty_configurations_are_classified_once_and_the_tune_completes(tmp_pa
     assert again.returncode == 0, again.stderr
     second = [t for t in _trials(tmp_path / "tune.db") if t[0] == 2 and t[2] == "search"]
     assert sorted(json.loads(t[1])["variant"] for t in second) == ["ok", "ok"]
+    # ...and its summary counts the failures it worked from, as the first's did.
+    assert "1 mismatch, 1 crash, 1 timeout, 1 memory" in again.stdout
 
 
 def test_a_kernel_whose_every_configuration_fails_ends_the_tune_with_status_1(tmp_path):

@@ -218,17 +218,18 @@ class TuningStore:
         return found
 
     def session_trials(self, task: str, tune_id: int) -> list[Trial]:
-        """What a session worked from for a task: its own trials, and the failures of earlier
-        sessions (it did not run those configurations again)."""
+        """What a session works from for a task: its own trials, and the failures of every
+        other session (a configuration that failed once is never run again, whichever session
+        measured it)."""
         ours = self.trials(task, tune_id)
-        earlier = [
+        others = [
             t
             for t in self._trials(
-                "WHERE task = ? AND tune_id < ? AND outcome != 'pass'", task, tune_id
+                "WHERE task = ? AND tune_id != ? AND outcome != 'pass'", task, tune_id
             )
             if t not in ours
         ]
-        return ours + earlier
+        return ours + others
 
     def _has(self, table: str) -> bool:
         found = self._db.execute(

@@ -225,9 +225,7 @@ def load_trials(session: Session, task: Task) -> None:
     session.tuning.add_task(
         session.tune_id, key.hash(), task.entry.name, key.descriptor, len(task.configs), default
     )
-    ours = session.tuning.trials(task.key.hash(), session.tune_id)
-    failed = [t for t in session.tuning.trials(task.key.hash()) if t.outcome != "pass"]
-    task.trials = ours + [t for t in failed if t not in ours]
+    task.trials = session.tuning.session_trials(task.key.hash(), session.tune_id)
 
 
 async def tune(session: Session, runner: Runner, report: Report) -> bool:
