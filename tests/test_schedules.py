@@ -525,6 +525,7 @@ CASES = {
         # channels last (conv2d-nhwc.mlir): rows of 8 columns, 16 and 32 filters, a dilated
         # depth; a transposed one (a padded input)
         (functools.partial(Conv3d, (16, 3, 3, 3, 3), dilation=(2, 1, 1)), [(2, 3, 7, 6, 10)]),
+        (functools.partial(Conv3d, (16, 1, 3, 3, 3)), [(2, 1, 7, 6, 10)]),  # 3 channels < cl_c
         (functools.partial(Conv3d, (4, 32, 3, 3, 3), transposed=True), [(1, 4, 3, 5, 6)]),
         # kbd.worker.transposed_convs: by phases (8 of a 3x3x3 kernel at stride 2, each split
         # into its 2 groups); by phases of which some have no tap (dilation 2 at stride 2)
@@ -1258,6 +1259,9 @@ def test_narrow_rows_with_many_filters_are_computed_channels_last():
         if stage.name == "conv2d-nhwc.mlir":
             assert "linalg.conv_2d_nhwc_hwcf" not in text
             assert re.search(r"vector.fma .* : vector<16xf32>", text)
+            # 9 channels: two steps of cl_c = 4, then one peeled (8 columns: 8 FMAs each)
+            assert re.search(r"scf.for %\w+ = %c0 to %c8 step %c4", text)
+            assert len(re.findall(r"vector.fma", text)) == 8 * 4 + 8
             break
     else:
         raise AssertionError("the conv3d schedule has no conv2d-nhwc.mlir stage")

@@ -2,7 +2,7 @@
 // kbd-convs-channels-last makes of a convolution whose output rows are narrow and whose filters
 // fill whole vectors), computed directly. The micro-kernel keeps a $reg_w x $reg_f tile of the
 // output (output columns x filters) in registers across the whole reduction (kernel rows,
-// kernel columns, input channels); each step loads $reg_f filter values (contiguous in the
+// kernel columns, input channels); each step loads $reg_f filter values per channel (contiguous in the
 // [KH, KW, C, F] kernel) and multiplies them by $reg_w broadcast input values: $reg_w x
 // $reg_f / lanes vector.fma per step. The vectors run along the filters, so a row of 20 output
 // columns wastes no lanes, where conv2d.mlir's vectors along the row would use 20 of 32.
@@ -10,6 +10,7 @@
 //   block_oh     output rows per scf.forall iteration (the thread level: one image, all filters)
 //   reg_w        output columns per register tile (any number: one broadcast each)
 //   reg_f        filters per register tile (a multiple of the vector width)
+//   reg_c        input channels per step of the reduction
 // Output columns that $reg_w does not divide end in one narrower tile; filters that $reg_f does
 // not divide end in tiles of 16 and 8 filters (then what remains), each peeled so that every
 // tile is static.
@@ -96,11 +97,23 @@ module attributes {transform.with_named_sequence} {
     // output row and one kernel row: a 1-D convolution.
     %register_tiles = transform.structured.match ops{["linalg.conv_2d_nhwc_hwcf"]} in %root
       : (!transform.any_op) -> !transform.any_op
+    // $reg_c input channels per step: the step's $reg_c x $reg_w broadcasts and $reg_c filter
+    // loads are one straight run of FMAs, where one channel per step left LLVM shuffling the
+    // $reg_w column pointers between registers on every step. Channels that $reg_c does not
+    // divide end in one narrower step, peeled.
     %step, %reduction:3 = transform.structured.tile_using_for %register_tiles
-        tile_sizes [0, 0, 0, 0, 1, 1, 1]
+        tile_sizes [0, 0, 0, 0, 1, 1, $reg_c]
       : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op,
                                 !transform.any_op)
-    %step_1d = transform.structured.decompose %step : (!transform.any_op) -> !transform.any_op
+    %rest_c = transform.include @peel failures(propagate) (%reduction#2)
+      : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %func {
+      transform.apply_patterns.scf.for_loop_canonicalization
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    %steps = transform.structured.match ops{["linalg.conv_2d_nhwc_hwcf"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %step_1d = transform.structured.decompose %steps : (!transform.any_op) -> !transform.any_op
     transform.structured.vectorize %step_1d : !transform.any_op
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
