@@ -32,6 +32,7 @@ from torch_mlir.dialects import arith, linalg, tensor
 from kbd.worker.mlir import conv_widths
 from kbd.worker.mlir.walk import (
     channel_init,
+    collapsed,
     extract,
     insert,
     int_array,
@@ -57,6 +58,8 @@ class _Layout:
     channel_dim: int  # of the 4-D result
 
 
+# a kernel one column wide: [N, C, D, H, W] -> [N, C, D, H * W] (`flat_rows`)
+FLAT = [[0], [1], [2], [3, 4]]
 # [OD', N, C, KD', H, W] by [F, C * KD', KH, KW] (the kernel's own layout, reshaped)
 CHANNELS_FIRST = _Layout(
     slot=[2, 0, 1, 5, 3, 4],
@@ -130,26 +133,14 @@ class _Conv3d:
         flat position (r + kh * dilation) * W + w, so the row taps are dilated by W. Input,
         kernel and output are reshaped, not copied."""
         (n, c, h, w), (f, kd, kh, _), (od, oh, ow) = self.image, self.kernel, self.output
-        element = self.element
-        flat_image = tensor.collapse_shape(
-            ir.RankedTensorType.get(
-                [n, c, ir.RankedTensorType(image.type).shape[2], h * w], element
-            ),
-            image,
-            [[0], [1], [2], [3, 4]],
-        )
-        flat_kernel = tensor.collapse_shape(
-            ir.RankedTensorType.get([f, c, kd, kh], element), weight, [[0], [1], [2], [3, 4]]
-        )
+        element, depth, groups = self.element, ir.RankedTensorType(image.type).shape[2], FLAT
         shape = [n, f, od, oh * ow]
         flat_init = channel_init(init, element, shape, 1)
         if flat_init is None:
-            flat_init = tensor.collapse_shape(
-                ir.RankedTensorType.get(shape, element), init, [[0], [1], [2], [3, 4]]
-            )
+            flat_init = collapsed(init, shape, groups)
         flat = linalg.conv_2d_nchw_fchw(
-            flat_image,
-            flat_kernel,
+            collapsed(image, [n, c, depth, h * w], groups),
+            collapsed(weight, [f, c, kd, kh], groups),
             outs=[flat_init],
             strides=[self.strides[0], 1],
             dilations=[self.dilations[0], self.dilations[1] * w],
@@ -157,7 +148,7 @@ class _Conv3d:
         return tensor.expand_shape(
             ir.RankedTensorType.get([n, f, od, oh, ow], element),
             flat,
-            [[0], [1], [2], [3, 4]],
+            groups,
             [],
             [n, f, od, oh, ow],
         )

@@ -26,7 +26,7 @@ from torch_mlir.dialects import linalg, tensor
 
 from kbd.worker.mlir import conv_widths
 from kbd.worker.mlir.rewrites import matmul_maps
-from kbd.worker.mlir.walk import channel_init, int_array, static_ops
+from kbd.worker.mlir.walk import channel_init, collapsed, int_array, static_ops
 
 ROWS = [[0, 1], [2, 3]]  # [1, C, H, W] <-> [C, H * W]
 
@@ -51,8 +51,8 @@ def pointwise_convs_as_matmuls(module: ir.Module) -> int:
                 if accumulator is None:  # nothing was made
                     continue
                 product = linalg.matmul(
-                    _collapsed(weight, [f, c], [[0], [1, 2, 3]]),
-                    _collapsed(image, [c, h * w], ROWS),
+                    collapsed(weight, [f, c], [[0], [1, 2, 3]]),
+                    collapsed(image, [c, h * w], ROWS),
                     outs=[accumulator],
                     indexing_maps=matmul_maps((2, 1)),
                 )
@@ -64,9 +64,3 @@ def pointwise_convs_as_matmuls(module: ir.Module) -> int:
             op.erase()
             changed += 1
     return changed
-
-
-def _collapsed(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
-    """`value` collapsed to `shape` by `groups` (a view: the grouped dims are contiguous)."""
-    element = ir.RankedTensorType(value.type).element_type
-    return tensor.collapse_shape(ir.RankedTensorType.get(shape, element), value, groups)

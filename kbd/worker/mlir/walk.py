@@ -99,6 +99,12 @@ def channel_init(init: ir.Value, element, shape: list[int], channel_dim: int) ->
     return linalg.broadcast(bias, outs=[tensor.empty(shape, element)], dimensions=broadcast)
 
 
+def collapsed(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
+    """`value` collapsed to `shape` by `groups` (a view: the grouped dims are contiguous)."""
+    element = ir.RankedTensorType(value.type).element_type
+    return tensor.collapse_shape(ir.RankedTensorType.get(shape, element), value, groups)
+
+
 def transposed(value: ir.Value, permutation: list[int]) -> ir.Value:
     """A `linalg.transpose` of `value` into a new tensor: result dim i is `value`'s dim
     permutation[i]."""
