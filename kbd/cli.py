@@ -298,9 +298,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     lim.add_argument(
         "--mem-limit",
         metavar="SIZE",
-        default=spec.DEFAULT_MEM_LIMIT,
-        help="per-worker memory cap, e.g. 2GiB (RLIMIT_DATA plus an RSS watch; "
-        "default %(default)s; 'none' to disable)",
+        help="per-worker memory cap, e.g. 2GiB (RLIMIT_DATA plus an RSS watch; default "
+        f"{spec.DEFAULT_MEM_LIMIT}, {spec.DEFAULT_BENCH_MEM_LIMIT} with --benchmark, whose "
+        "worker also holds each timed side's outputs; 'none' to disable)",
     )
     lim.add_argument(
         "--mem-budget",

@@ -299,3 +299,31 @@ for size in (16 << 20, 64 << 20):
         [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.split() == [str(16 << 20), "True", str(64 << 20), "True"]
+
+
+def test_benchmark_sides_are_called_until_the_heap_stops_growing():
+    """bench._settle calls the sides in turn until a round leaves the peak RSS where it was:
+    a side that keeps 64 MiB more on each of its first 3 calls (as a side whose large blocks
+    the allocator has not found room for yet) is called 4 times, the other side with it; a
+    side that grows nothing is called once. In a process of its own, whose peak is its own."""
+    program = """
+from kbd.worker import bench
+kept, calls = [], {"growing": 0, "steady": 0}
+def growing(batch):
+    calls["growing"] += 1
+    if len(kept) < 3:
+        kept.append(bytearray(64 << 20))  # zero-filled: its pages are touched
+    return 1.0
+def steady(batch):
+    calls["steady"] += 1
+    return 1.0
+bench._settle([growing, steady])
+print(calls["growing"], calls["steady"])
+calls["steady"] = 0
+bench._settle([steady])
+print(calls["steady"])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.split() == ["4", "4", "1"]

@@ -36,6 +36,14 @@ def test_defaults_and_no_memory_cap(tmp_path):
     assert _from(["run"], tmp_path).mem_limit == 4 << 30
 
 
+def test_benchmarking_raises_the_default_memory_cap_but_not_a_given_one(tmp_path):
+    # the timed sides' outputs and eager's temporaries come on top of the run's buffers
+    assert _from(["run", "--benchmark"], tmp_path).mem_limit == 8 << 30
+    assert _from(["tune", "level1/"], tmp_path).mem_limit == 8 << 30
+    assert _from(["run", "--benchmark", "--mem-limit", "3GiB"], tmp_path).mem_limit == 3 << 30
+    assert _from(["run", "--benchmark", "--mem-limit", "none"], tmp_path).mem_limit is None
+
+
 @pytest.mark.parametrize(
     ("argv", "light", "heavy"),
     [(["run"], 2, 2), (["sweep"], 2, 2), (["sweep", "--smoke-test"], 0, 3),

@@ -23,6 +23,10 @@ from kbd.shared.errors import InputError
 from kbd.shared.protocol import BenchOptions
 
 DEFAULT_MEM_LIMIT = "4GiB"
+# With --benchmark a worker holds more than the run does: each side's outputs and eager's
+# temporaries, kept by the timing's steady allocator (kbd/worker/bench.py). A bench-tier kernel
+# (up to 1 GiB of buffers, README "Levels") with Inductor beside it needs up to about 6 GiB.
+DEFAULT_BENCH_MEM_LIMIT = "8GiB"
 # --smoke-test checks correctness: LLVM -O0 JITs ~50x faster than -O3 on a 13-kernel sample with
 # the same outcomes and tolerances (scripts/bench-smoke-jit; README "Sweeps").
 SMOKE_OPT_LEVEL = 0
@@ -237,7 +241,7 @@ def from_args(args: Namespace, cwd: Path) -> SweepSpec:
         dtype=args.dtype,
         jobs=args.jobs,
         timeout=args.timeout,
-        mem_limit=_optional_size(args.mem_limit, "--mem-limit"),
+        mem_limit=_mem_limit(args),
         mem_budget=limits.parse_size(args.mem_budget, "--mem-budget") if args.mem_budget else None,
         sandbox=not args.no_sandbox,
         require_sandbox=args.require_sandbox,
@@ -318,6 +322,14 @@ def decode(text: str, where: str) -> SweepSpec:
         raise InputError(f"{where}: stored options are not valid ({exc})") from None
     except msgspec.DecodeError:
         raise InputError(f"{where}: stored options are not JSON") from None
+
+
+def _mem_limit(args) -> int | None:
+    """--mem-limit as given, or its default: larger with --benchmark (DEFAULT_BENCH_MEM_LIMIT)."""
+    if args.mem_limit is not None:
+        return _optional_size(args.mem_limit, "--mem-limit")
+    default = DEFAULT_BENCH_MEM_LIMIT if getattr(args, "benchmark", False) else DEFAULT_MEM_LIMIT
+    return limits.parse_size(default, "--mem-limit")
 
 
 def _optional_size(text: str, option: str) -> int | None:

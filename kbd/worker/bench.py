@@ -30,6 +30,15 @@ Before the first sample, glibc's allocator is told to keep freed memory (`steady
 for every side alike: otherwise a buffer freed at the end of a call can go back to the system
 and be faulted in again, page by page, on the next call, and whether it does depends on what
 else the process allocated and on its size (glibc maps every block of 32 MiB or more on its own).
+Each side makes its first call before that, with the default allocator: what a first call keeps
+for good (caches, plans) is then allocated below the blocks the timed calls reuse. Allocated
+after, it would sit right past a freed output and pin it: glibc before 2.38 does not reuse a
+freed block for an aligned request of the same size (torch aligns), so each pinned output is
+lost, and large outputs then grew the heap by several GiB (level1/91's bench at 8.9 GiB).
+Even so, a side whose temporaries are large grows the heap for its first few calls after the
+switch (eager's softsign over 384 MiB: five calls, each faulting its new blocks in at up to 5x
+its steady time), so the sides are called in turn until a whole round leaves the process's peak
+memory where it was (`_settle`) before anything is calibrated or timed.
 
 Statistics are the supervisor's job (kbd/results/stats.py); this module only measures.
 """
@@ -41,6 +50,7 @@ import ctypes
 import gc
 import math
 import os
+import resource
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -193,6 +203,26 @@ def steady_allocator() -> bool:
     return bool(trimmed and unmapped)
 
 
+SETTLE_ROUNDS = 10  # at most, for a heap that keeps growing
+
+
+def _settle(sides: list[Sample]) -> None:
+    """Call each side in turn until a round leaves the peak RSS as it was (or SETTLE_ROUNDS):
+    the allocator has then found room for every block the sides ask for."""
+    peak = _peak_rss()
+    for _ in range(SETTLE_ROUNDS):
+        for sample in sides:
+            sample(1)
+        now = _peak_rss()
+        if now == peak:
+            return
+        peak = now
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _alternate(
     compiled_sample: Sample,
     eager_sample: Sample,
@@ -206,13 +236,16 @@ def _alternate(
     """Calibrate each side's batch size, then take alternating samples: compiled, eager, and
     the second baseline when there is one."""
     second = baseline.sample if baseline is not None else None
-    steady_allocator()
+    sides = (compiled_sample, eager_sample, second)
+    first_calls = [sample(1) for sample in sides if sample is not None]
+    steady_allocator()  # after the first calls: see the module's docstring
+    _settle([sample for sample in sides if sample is not None])
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a sample is noise, not the kernel's cost
     try:
-        compiled_batch = _calibrate(compiled_sample)
-        eager_batch = _calibrate(eager_sample)
-        second_batch = _calibrate(second) if second is not None else 0
+        compiled_batch = _calibrate(compiled_sample, first_calls[0])
+        eager_batch = _calibrate(eager_sample, first_calls[1])
+        second_batch = _calibrate(second, first_calls[2]) if second is not None else 0
         compiled_ns: list[float] = []
         eager_ns: list[float] = []
         second_ns: list[float] = []
@@ -250,14 +283,13 @@ def _alternate(
     )
 
 
-def _calibrate(sample: Sample) -> int:
+def _calibrate(sample: Sample, first_call_ns: float) -> int:
     """Calls per sample so that one sample takes about SAMPLE_TARGET_S.
 
-    One call (which also warms up), then one batch sized from it; the second estimate, taken
-    warm and over more calls, sets the batch.
+    The time of a first call (which also warmed up) sizes one batch; the second estimate,
+    taken warm and over more calls, sets the batch.
     """
-    single = max(sample(1), 1.0)
-    batch = _batch_for(single)
+    batch = _batch_for(max(first_call_ns, 1.0))
     if batch == 1:
         return 1
     return _batch_for(max(sample(batch), 1.0) / batch)
