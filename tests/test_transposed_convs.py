@@ -106,3 +106,22 @@ def test_a_strided_transposed_conv3d_imports_without_a_zero_stuffed_input():
     kernels = re.findall(r"linalg\.conv_3d_ncdhw_fcdhw .*, tensor<3x2x(\d)x(\d)x(\d)xf32>\)", text)
     assert len(kernels) == 16
     assert {int(taps) for kernel in kernels for taps in kernel} == {1, 2}
+
+
+def test_phases_without_a_tap_are_filled_with_the_output_not_scattered():
+    """A 3-tap kernel dilated by 2 at stride 5 (level1/81) leaves 2 of 5 phases per dim
+    without a tap: the output starts as one fill of the bias, and only the 3 x 3 phases with
+    a tap are strided inserts, where every one of the 25 was."""
+    conv = torch.nn.ConvTranspose2d(4, 6, 3, stride=5, padding=1, dilation=2)
+    x = torch.randn(1, 4, 5, 6)
+    text = str(mlir.import_model(conv, [x]))
+    strided = [
+        line for line in text.splitlines() if "tensor.insert_slice" in line and ", 5] :" in line
+    ]
+    assert len(strided) == 9
+    torch.testing.assert_close(
+        transposed_convs.convolution(
+            x, conv.weight, conv.bias, [5, 5], [1, 1], [2, 2], True, [0, 0], 1
+        ),
+        conv(x),
+    )

@@ -10,10 +10,11 @@ k, dilation d). Positions of one phase r = t mod s receive only the taps with k 
 offsets j = (k * d - r) / s = j0, j0 + d/g, ... So phase r is T_r[q] = sum_m x[q - j0 - m d/g]
 w[k0 + m s/g]: a transposed convolution of stride 1, dilation d/g and kernel w[k0 :: s/g],
 shifted by j0. Output position o is full position o + padding; the phases partition the
-output, each one written as a strided slice (o = q * s + r - padding), and a phase with no tap
-(a kernel smaller than the stride) holds the bias alone. Each phase's convolution is then an
-ordinary stride-1 convolution for the conv2d and conv3d schedules; the price is one copy of
-the output (each phase's result into its slice).
+output, each one written as a strided slice (o = q * s + r - padding); a phase with no tap
+(a kernel smaller than the stride, or a dilation sharing a factor with it) holds the bias alone,
+so such an output starts filled with the bias and only the phases with taps are written. Each
+phase's convolution is then an ordinary stride-1 convolution for the conv2d and conv3d
+schedules; the price is one copy of the output (each phase's result into its slice).
 
 torch-mlir lowers a grouped 3-D convolution to a `linalg.generic`, which no convolution
 schedule matches; split into its groups (each a `linalg.conv_3d_ncdhw_fcdhw`) and concatenated
@@ -127,21 +128,33 @@ def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_pad
         for n, k, s, p, d, o in zip(sizes, kernels, stride, padding, dilation, outs, strict=True)
     ]
     channels = weight.shape[1] * groups
-    result = x.new_empty([x.shape[0], channels, *outs])
-    for combination in itertools.product(*per_dim):
-        if any(phase is None for phase in combination):
-            continue  # no output position in this phase
+    combinations = [
+        combination
+        for combination in itertools.product(*per_dim)
+        if not any(phase is None for phase in combination)  # None: no output position
+    ]
+    tapped = [c for c in combinations if not any(_no_tap(phase) for phase in c)]
+    shape = [x.shape[0], channels, *outs]
+    if len(tapped) == len(combinations):
+        result = x.new_empty(shape)
+    else:
+        # Phases without a tap hold the bias alone: fill the whole output with it at once
+        # (contiguous) and write only the others, instead of each as a strided scatter.
+        result = x.new_zeros(shape)
+        if bias is not None:
+            result = result + bias.reshape(channels, *[1] * spatial)
+    for combination in tapped:
         part = _phase(x, weight, bias, combination, groups, channels)
         result = _scatter(result, part, combination, stride, spatial)
     return result
 
 
+def _no_tap(phase: Phase) -> bool:
+    return phase.taps.stop == phase.taps.start
+
+
 def _phase(x, weight, bias, combination, groups, channels):
-    """One phase's output: [N, channels, count...]."""
-    if any(phase.taps.stop == phase.taps.start for phase in combination):
-        shape = [x.shape[0], channels, *(phase.count for phase in combination)]
-        filled = x.new_zeros(shape)
-        return filled if bias is None else filled + bias.reshape(channels, *[1] * len(shape[2:]))
+    """One phase's output, for a phase with taps in every dim: [N, channels, count...]."""
     index = (slice(None), slice(None), *(phase.taps for phase in combination))
     # Rows first .. first + count of the sub-convolution, zeros where they fall outside it
     # (then the bias is added after the padding, which must hold it too).
