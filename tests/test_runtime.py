@@ -302,10 +302,10 @@ for size in (16 << 20, 64 << 20):
 
 
 def test_benchmark_sides_are_called_until_the_heap_stops_growing():
-    """bench._settle calls the sides in turn until a round leaves the peak RSS where it was:
-    a side that keeps 64 MiB more on each of its first 3 calls (as a side whose large blocks
-    the allocator has not found room for yet) is called 4 times, the other side with it; a
-    side that grows nothing is called once. In a process of its own, whose peak is its own."""
+    """bench._settle calls the sides in turn until a round faults (almost) no page in: a
+    side that keeps 64 MiB more on each of its first 3 calls (as a side whose large blocks the
+    allocator has not found room for yet) is called 4 times, the other side with it; a side
+    that grows nothing is called once. In a process of its own, whose faults are its own."""
     program = """
 from kbd.worker import bench
 kept, calls = [], {"growing": 0, "steady": 0}

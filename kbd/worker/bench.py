@@ -37,8 +37,8 @@ freed block for an aligned request of the same size (torch aligns), so each pinn
 lost, and large outputs then grew the heap by several GiB (level1/91's bench at 8.9 GiB).
 Even so, a side whose temporaries are large grows the heap for its first few calls after the
 switch (eager's softsign over 384 MiB: five calls, each faulting its new blocks in at up to 5x
-its steady time), so the sides are called in turn until a whole round leaves the process's peak
-memory where it was (`_settle`) before anything is calibrated or timed.
+its steady time), so the sides are called in turn until a whole round faults (almost) no page
+in (`_settle`) before anything is calibrated or timed.
 
 Statistics are the supervisor's job (kbd/results/stats.py); this module only measures.
 """
@@ -204,23 +204,22 @@ def steady_allocator() -> bool:
 
 
 SETTLE_ROUNDS = 10  # at most, for a heap that keeps growing
+SETTLED_FAULTS = 256  # page faults a round may take and count as settled (1 MiB of pages)
 
 
 def _settle(sides: list[Sample]) -> None:
-    """Call each side in turn until a round leaves the peak RSS as it was (or SETTLE_ROUNDS):
+    """Call each side in turn until a round faults (almost) no page in (or SETTLE_ROUNDS):
     the allocator has then found room for every block the sides ask for."""
-    peak = _peak_rss()
     for _ in range(SETTLE_ROUNDS):
+        before = _minor_faults()
         for sample in sides:
             sample(1)
-        now = _peak_rss()
-        if now == peak:
+        if _minor_faults() - before <= SETTLED_FAULTS:
             return
-        peak = now
 
 
-def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _alternate(
