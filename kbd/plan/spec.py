@@ -25,7 +25,7 @@ from kbd.shared.protocol import BenchOptions
 DEFAULT_MEM_LIMIT = "4GiB"
 # With --benchmark a worker holds more than the run does: each side's outputs and eager's
 # temporaries, kept by the timing's steady allocator (kbd/worker/bench.py). A bench-tier kernel
-# (up to 1 GiB of buffers, README "Levels") with Inductor beside it needs up to about 6 GiB.
+# (up to 1 GiB of buffers, README "Levels") with Inductor beside it peaked at up to 4.9 GiB.
 DEFAULT_BENCH_MEM_LIMIT = "8GiB"
 # --smoke-test checks correctness: LLVM -O0 JITs ~50x faster than -O3 on a 13-kernel sample with
 # the same outcomes and tolerances (scripts/bench-smoke-jit; README "Sweeps").

@@ -150,6 +150,7 @@ def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_pad
 
 
 def _no_tap(phase: Phase) -> bool:
+    """Whether no kernel tap writes this phase of its dim (it holds the bias alone)."""
     return phase.taps.stop == phase.taps.start
 
 
