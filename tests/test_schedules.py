@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch_mlir import ir
 
 from kbd.plan import descriptor, target
+from kbd.shared.protocol import Stage
 from kbd.worker import families, ingress, mlir, runtime
 from kbd.worker.mlir import conv_widths, outline, walk
 from tests.conftest import FIXTURE_KB, fixture_args, json_records, kbd
@@ -1325,6 +1326,25 @@ def test_a_transposed_conv3d_leaves_out_the_depth_taps_over_its_padding():
     found = [re.search(r"ins\(\S+, \S+ : tensor<1x(\d+)x9x10xf32>", conv) for conv in convs]
     channels = [int(match.group(1)) for match in found]
     assert channels == [4, 8, 12, 8, 4]
+
+
+def test_a_padded_conv3d_stacks_its_input_unpadded_into_zeros():
+    """kbd-conv3d-as-conv2d: torch-mlir pads a transposed conv3d's input (1x4x3x5x6 into zeros
+    of 1x4x7x9x10); each depth tap's copy into the stack reads the input itself, at the
+    padding's row and column offsets, so the padded input is never made (canonicalized away)
+    and no copy has its shape."""
+    path = SCHEDULES / "x86_64" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(
+        Conv3d((4, 3, 3, 3, 3), transposed=True), [torch.randn(1, 4, 3, 5, 6)]
+    )
+    assert "tensor<1x4x7x9x10xf32>" in str(module)
+    mlir.apply_stage(module, stages[0])
+    mlir.apply_stage(module, Stage(kind="pass", text="canonicalize", source="test"))
+    text = str(module)
+    assert "tensor<1x4x7x9x10xf32>" not in text
+    taps = re.findall(r"linalg\.transpose ins\(\S+ : tensor<1x4x(\d+)x5x6x1xf32>", text)
+    assert len(taps) == 9  # 1 + 2 + 3 + 2 + 1 depth taps, each of the unpadded rows
 
 
 def test_a_narrow_conv2d_is_computed_channels_last_when_its_weights_are_reused_enough():

@@ -6,7 +6,9 @@ batch and the depth taps into the channels, it is one 2-D convolution over N * O
 C * KD channels, with the kernel's taps in the same order. The conv2d schedules (strided,
 dilated and grouped forms included) then compute 3-D convolutions too, keeping each output
 tile in registers across all of its taps: the output is written once. The price is a copy of
-the input per depth tap (its depths moved next to the batch) and one of the output.
+the input per depth tap (its depths moved next to the batch) and one of the output. An input
+zero-padded by torch-mlir (a padded or transposed convolution) is copied unpadded into a
+zero-filled stack, at its offsets: the padded input is not made.
 
 The copy is made in the layout the convolution is computed in: channels first
 (`linalg.conv_2d_nchw_fchw`, conv2d.mlir: vectors along the output rows) or, where those rows
@@ -190,11 +192,12 @@ class _Conv3d:
         shape[layout.tap_dim] = taps
         shape[layout.slot.index(4)] = width
         stack = tensor.empty(shape, element)
-        if width > w:
+        padded = zero_padded(image)
+        if width > w or padded is not None:
             zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
             stack = linalg.fill(zero, outs=[stack])
         for index in range(taps):
-            stack = self._tap(image, stack, first, depths, tap + index, index, layout)
+            stack = self._tap(image, padded, stack, first, depths, tap + index, index, layout)
         image_shape = _collapsed(shape, layout.stack_groups)
         stacked = tensor.collapse_shape(
             ir.RankedTensorType.get(image_shape, element), stack, layout.stack_groups
@@ -214,13 +217,21 @@ class _Conv3d:
             stacked, kernel, outs=[init], strides=self.strides[1:], dilations=self.dilations[1:]
         )
 
-    def _tap(self, image, stack, first, depths, tap, index, layout) -> ir.Value:
+    def _tap(self, image, padded, stack, first, depths, tap, index, layout) -> ir.Value:
         """`stack` with the input's depths of one tap (output depths first.. first + depths)
-        copied into its slot `index`, left-aligned in its rows."""
+        copied into its slot `index`, left-aligned in its rows. With `padded` (the input is a
+        tensor inserted into zeros, `zero_padded`), that tensor is copied at its offsets into
+        the zero-filled stack: the padded input is never made (the tap's depths are real
+        ones, `_depth_groups`)."""
         (n, c, h, w), element = self.image, self.element
+        start = first * self.strides[0] + tap * self.dilations[0]
+        row, column = 0, 0
+        if padded is not None:
+            image, (_, _, depth_offset, row, column) = padded
+            start -= depth_offset
+            h, w = ir.RankedTensorType(image.type).shape[3:]
         source = [n, c, depths, h, w, 1]
         slot = [source[p] for p in layout.slot]
-        start = first * self.strides[0] + tap * self.dilations[0]
         taken = extract(
             image,
             element,
@@ -239,6 +250,8 @@ class _Conv3d:
             source,
         )
         offsets = [index if d == layout.tap_dim else 0 for d in range(6)]
+        offsets[layout.slot.index(3)] = row
+        offsets[layout.slot.index(4)] = column
         into = extract(stack, element, offsets, slot)
         moved = linalg.transpose(taken, outs=[into], permutation=layout.slot)
         return insert(moved, stack, offsets, slot)
@@ -276,19 +289,34 @@ def _depth_groups(image, od: int, kd: int, strides, dilations) -> list[tuple[int
 
 def _real_depths(image: ir.Value) -> tuple[int, int]:
     """The depths of `image` [N, C, D, H, W] that are not padding: those of the tensor inserted
-    into a zero `linalg.fill` (static offsets), or all."""
-    depth = ir.RankedTensorType(image.type).shape[2]
+    into zeros (`zero_padded`), or all."""
+    padded = zero_padded(image)
+    if padded is None:
+        return 0, ir.RankedTensorType(image.type).shape[2]
+    source, offsets = padded
+    return offsets[2], offsets[2] + ir.RankedTensorType(source.type).shape[2]
+
+
+def zero_padded(image: ir.Value) -> tuple[ir.Value, list[int]] | None:
+    """(the tensor, its offsets) when `image` [N, C, D, H, W] is a tensor inserted into a zero
+    `linalg.fill` at static offsets with unit strides, padding its depths, rows and columns
+    only (torch-mlir's padding of a convolution's input); else None."""
     insert_op = producer(image)
     if insert_op is None or insert_op.name != "tensor.insert_slice":
-        return 0, depth
+        return None
     fill = producer(insert_op.operands[1])
     if fill is None or fill.name != "linalg.fill" or not is_float_constant(fill.operands[0], 0.0):
-        return 0, depth
+        return None
     offsets = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_offsets"]))
     sizes = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_sizes"]))
-    if len(offsets) != 5 or min(offsets + sizes) < 0:  # a dynamic offset or size
-        return 0, depth
-    return offsets[2], offsets[2] + sizes[2]
+    strides = list(ir.DenseI64ArrayAttr(insert_op.attributes["static_strides"]))
+    source = insert_op.operands[0]
+    shape = ir.RankedTensorType(source.type).shape
+    if len(offsets) != 5 or min(offsets + sizes) < 0 or strides != [1] * 5:  # dynamic, strided
+        return None
+    if offsets[:2] != [0, 0] or sizes != shape:  # all images and channels, not rank-reducing
+        return None
+    return source, offsets
 
 
 def _collapsed(shape: list[int], groups: list[list[int]]) -> list[int]:
