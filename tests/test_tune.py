@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -344,3 +345,22 @@ def test_task_keys_tell_apart_constructor_arguments_and_sources():
     assert key(entry) == key(other)
     assert key(entry).hash() != key(strided).hash()
     assert key(entry).hash() != key(entry, "y").hash()
+
+
+def test_a_schedules_hash_is_the_same_in_any_checkout_and_changes_with_a_script(tmp_path):
+    """The repository's tuned configurations are keyed by their schedule's stages: the same
+    schedules folder copied elsewhere (another clone) hashes alike; a script's change does
+    not."""
+    copy = tmp_path / "schedules"
+    shutil.copytree(SCHEDULES, copy)
+    relative = Path("x86_64") / "conv2d" / "f32.yaml"
+
+    def stages_hash(root):
+        return tuned.stages_hash(
+            descriptor.resolve_pipeline([str(root / relative)], schedules_dir=root, cwd=root)
+        )
+
+    assert stages_hash(copy) == stages_hash(SCHEDULES)
+    script = copy / "x86_64" / "transforms" / "conv2d.mlir"
+    script.write_text(script.read_text() + "\n// changed\n")
+    assert stages_hash(copy) != stages_hash(SCHEDULES)

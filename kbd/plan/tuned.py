@@ -66,7 +66,13 @@ def config_text(config: Config) -> str:
 
 
 def stages_hash(stages: list[Stage]) -> str:
-    return hashlib.sha256(msgspec.msgpack.encode(stages)).hexdigest()[:16]
+    """A hash of what the stages do: each pass's spec and each transform script's text (its
+    variables substituted), not the files' paths, which differ between checkouts (keyed by
+    them, the repository's tuned configurations applied only where they were tuned)."""
+    content = [
+        (stage.kind, stage.text if stage.kind == "pass" else stage.script) for stage in stages
+    ]
+    return hashlib.sha256(msgspec.msgpack.encode(content)).hexdigest()[:16]
 
 
 def task_key(
