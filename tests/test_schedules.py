@@ -465,6 +465,8 @@ CASES = {
         # grouped: kbd-grouped-convs-as-convs, one conv per group (plain, strided, transposed)
         (functools.partial(Conv, (6, 2, 3, 3), groups=2), [(1, 4, 9, 20)]),
         (functools.partial(Conv, (8, 4, 3, 3), groups=2, stride=2, padding=1), [(2, 8, 17, 33)]),
+        # 4 phases of 20 columns interleaved into rows of 80 (kbd-vector-copies)
+        (functools.partial(Conv, (4, 6, 4, 4), transposed=True, stride=4), [(1, 4, 5, 20)]),
         (
             functools.partial(Conv, (4, 6, 3, 5), transposed=True, groups=2, stride=2),
             [(1, 4, 7, 9)],
@@ -545,6 +547,20 @@ CASES = {
         (
             functools.partial(Conv3d, (4, 3, 3, 3, 3), transposed=True, stride=2, dilation=2),
             [(1, 4, 3, 4, 5)],
+        ),
+        # rows of 2 x 21 columns: each phase's pair stored interleaved, 16 lanes and a masked 5
+        # (kbd-vector-copies)
+        (
+            functools.partial(
+                Conv3d,
+                (4, 2, 3, 5, 7),
+                transposed=True,
+                groups=2,
+                stride=2,
+                padding=(1, 2, 3),
+                output_padding=1,
+            ),
+            [(1, 4, 3, 4, 21)],
         ),
     ],
     "pooling": [  # kbd-poolings-as-taps, then pooling.mlir
@@ -1345,6 +1361,31 @@ def test_a_padded_conv3d_stacks_its_input_unpadded_into_zeros():
     assert "tensor<1x4x7x9x10xf32>" not in text
     taps = re.findall(r"linalg\.transpose ins\(\S+ : tensor<1x4x(\d+)x5x6x1xf32>", text)
     assert len(taps) == 9  # 1 + 2 + 3 + 2 + 1 depth taps, each of the unpadded rows
+
+
+def test_a_strided_transposed_convs_phases_are_stored_interleaved_in_vectors():
+    """kbd-vector-copies: the two column phases of each output row (a transposed conv3d of
+    stride 2, rows of 42 = 2 x 21 columns) are loaded as vectors and interleaved by a shuffle
+    into whole rows; no copy into a stride-2 view is left (the loop lowering's single-lane
+    stores)."""
+    path = SCHEDULES / "x86_64" / "avx512f" / "conv3d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    options = dict(groups=2, stride=2, padding=(1, 2, 3), output_padding=1)
+    model = Conv3d((4, 2, 3, 5, 7), transposed=True, **options)
+    module = mlir.import_model(model, [torch.randn(1, 4, 3, 4, 21)])
+    mlir.results_to_out_params(module)
+    strided_copies = re.compile(r"memref\.copy .* to memref<[^>]*strided<\[[^]]*, 2\]")
+    for stage in stages:
+        if stage.text == "kbd-vector-copies":
+            assert len(strided_copies.findall(str(module))) == 8  # a copy per phase
+        mlir.apply_stage(module, stage)
+        if stage.text == "kbd-vector-copies":
+            break
+    text = str(module)
+    assert not strided_copies.findall(text)
+    interleave = ", ".join(f"{i}, {16 + i}" for i in range(16))
+    assert text.count("vector.shuffle") >= 8 and f"[{interleave}]" in text
+    assert "vector.maskedstore" in text  # each row's last 2 x 5 columns
 
 
 def test_a_narrow_conv2d_is_computed_channels_last_when_its_weights_are_reused_enough():

@@ -143,8 +143,11 @@ def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_pad
         result = x.new_zeros(shape)
         if bias is not None:
             result = result + bias.reshape(channels, *[1] * spatial)
-    for combination in tapped:
-        part = _phase(x, weight, bias, combination, groups, channels)
+    # Every phase is computed before any is written, the last dim's phases written one after
+    # another: their copies then stand next to each other for kbd-interleaved-copies, which
+    # writes them as one interleaved loop.
+    parts = [_phase(x, weight, bias, combination, groups, channels) for combination in tapped]
+    for combination, part in zip(tapped, parts, strict=True):
         result = _scatter(result, part, combination, stride, spatial)
     return result
 

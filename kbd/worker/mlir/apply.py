@@ -28,6 +28,7 @@ from kbd.worker.mlir import (
     rewrites,
     row_chains,
     strided_conv,
+    vector_copies,
 )
 from kbd.worker.mlir.importer import module_text
 
@@ -66,6 +67,7 @@ REWRITES = {
     "kbd-openmp-guided-schedule": rewrites.openmp_guided_schedule,
     "kbd-dealloc-after-last-use": rewrites.deallocs_after_last_use,
     "kbd-outputs-in-place": rewrites.outputs_in_place,
+    "kbd-vector-copies": vector_copies.vector_copies,
     "kbd-strided-copies-as-loops": rewrites.strided_copies_as_loops,
     "kbd-hoist-allocas": rewrites.hoist_allocas,
     "kbd-contract-float-arithmetic": rewrites.contract_float_arithmetic,
