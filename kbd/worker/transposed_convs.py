@@ -144,7 +144,7 @@ def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_pad
         if bias is not None:
             result = result + bias.reshape(channels, *[1] * spatial)
     # Every phase is computed before any is written, the last dim's phases written one after
-    # another: their copies then stand next to each other for kbd-interleaved-copies, which
+    # another: their copies then stand next to each other for kbd-vector-copies, which
     # writes them as one interleaved loop.
     parts = [_phase(x, weight, bias, combination, groups, channels) for combination in tapped]
     for combination, part in zip(tapped, parts, strict=True):

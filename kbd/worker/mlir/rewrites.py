@@ -9,7 +9,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith, linalg, memref, tensor, vector
 from torch_mlir.dialects import math as math_dialect
 
-from kbd.worker.mlir.walk import ops_named, producer
+from kbd.worker.mlir.walk import contiguous_buffer, ops_named, producer
 
 # --- kbd's own rewrites, run as `pass: kbd-...` stages ---------------------------------------
 #
@@ -843,23 +843,10 @@ def strided_copies_as_loops(module: ir.Module) -> int:
         for op in ops_named(module, "memref.copy"):
             op = op.operation
             source, target = op.operands
-            if _contiguous_buffer(source.type) and _contiguous_buffer(target.type):
+            if contiguous_buffer(source.type) and contiguous_buffer(target.type):
                 continue
             with ir.InsertionPoint(op):
                 linalg.copy(source, outs=[target])
             op.erase()
             changed += 1
     return changed
-
-
-def _contiguous_buffer(kind) -> bool:
-    """Whether a memref type is one contiguous row-major run (unit dims aside)."""
-    if not isinstance(kind, ir.MemRefType) or not kind.has_static_shape:
-        return False
-    strides, _ = kind.get_strides_and_offset()
-    expected = 1
-    for size, stride in reversed(list(zip(kind.shape, strides, strict=True))):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True

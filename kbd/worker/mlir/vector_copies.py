@@ -27,7 +27,7 @@ import math
 from torch_mlir import ir
 from torch_mlir.dialects import arith, memref, scf, vector
 
-from kbd.worker.mlir.walk import ops_named, producer
+from kbd.worker.mlir.walk import contiguous_buffer, ops_named, producer
 
 VECTOR_BYTES = 64  # one step's vector per buffer: 16 f32 lanes (LLVM splits it on AVX2)
 PARALLEL_ELEMENTS = 1 << 16
@@ -53,12 +53,12 @@ def vector_copies(module: ir.Module) -> int:
     made = 0
     with module.context, ir.Location.unknown():
         for block in _blocks_with_copies(module):
-            for group in _phase_groups(block):
-                _emit(group)
+            for group, last in _phase_groups(block):
+                _emit(group, last)
                 made += 1
         for copy in ops_named(module, "memref.copy"):
             if _row_copy(copy.operation):
-                _emit([copy.operation])
+                _emit([copy.operation], copy.operation)
                 made += 1
     return made
 
@@ -94,15 +94,6 @@ def _vector_lanes(kind: ir.MemRefType) -> int | None:
     return None
 
 
-def _contiguous(shape: list[int], strides: list[int]) -> bool:
-    expected = 1
-    for size, stride in reversed(list(zip(shape, strides, strict=True))):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _row_copy(copy) -> bool:
     """Whether a copy is one `_emit` takes alone: same static shapes, rows (the last dim
     but unit ones) of at least MIN_ROW elements contiguous on both sides, the buffers not
@@ -115,7 +106,7 @@ def _row_copy(copy) -> bool:
     row = _row_dim(source[0])
     if source[0][row] < MIN_ROW or source[1][row] != 1 or target[1][row] != 1:
         return False
-    return not (_contiguous(*source) and _contiguous(*target))
+    return not all(contiguous_buffer(v.type) for v in copy.operands)
 
 
 def _row_dim(shape: list[int]) -> int:
@@ -145,18 +136,19 @@ def _collapsed_type(value: ir.Value, row: int) -> ir.MemRefType:
     return ir.MemRefType.get(shape, kind.element_type, layout)
 
 
-def _phase_groups(block) -> list[list]:
+def _phase_groups(block) -> list[tuple[list, ir.Operation]]:
     """Runs of consecutive copies in `block` (only view ops between them) that write the s
-    phases of one buffer's last dim, each run in phase order."""
-    groups, run = [], []
+    phases of one buffer's last dim: (the copies in phase order, the last in the block)."""
+    groups, run = [], []  # run: (copy, its _phase_target)
     for op in block.operations:
         op = op.operation
         if op.name == "memref.copy":
-            run.append(op)
-            while run and not _may_start_group(run):
+            run.append((op, _phase_target(op)))
+            while run and not _may_start_group([target for _, target in run]):
                 run = run[1:]
-            if run and len(run) == _phase_target(run[0])[3][-1]:
-                groups.append(sorted(run, key=lambda copy: _phase_target(copy)[1][-1]))
+            if run and len(run) == run[0][1][3][-1]:
+                in_phase_order = sorted(run, key=lambda pair: pair[1][1][-1])
+                groups.append(([copy for copy, _ in in_phase_order], op))
                 run = []
         elif op.name not in _VIEW_OPS:
             run = []
@@ -198,10 +190,10 @@ def _root(value: ir.Value) -> ir.Value:
         value = op.operands[0]
 
 
-def _may_start_group(run: list) -> bool:
-    """Whether copies `run` can still grow into a group: into distinct phases of the last dim
-    of one buffer, with the same sizes and strides and the same other offsets."""
-    targets = [_phase_target(copy) for copy in run]
+def _may_start_group(targets: list) -> bool:
+    """Whether copies with these `_phase_target`s can still grow into a group: into distinct
+    phases of the last dim of one buffer, with the same sizes and strides and the same other
+    offsets."""
     if any(t is None for t in targets):
         return False
     viewed, offsets, sizes, strides = targets[0]
@@ -212,22 +204,19 @@ def _may_start_group(run: list) -> bool:
         if other_offsets[:-1] != offsets[:-1] or other_offsets[-1] in lasts:
             return False
         lasts.add(other_offsets[-1])
-    return len(run) <= strides[-1] and max(lasts) - min(lasts) < strides[-1]
+    return len(targets) <= strides[-1] and max(lasts) - min(lasts) < strides[-1]
 
 
-def _emit(group: list) -> None:
+def _emit(group: list, last) -> None:
     """Replace the copies of `group` (one, or the s phases of a row in phase order) by a
-    vector loop nest, at the last copy's place."""
-    last = max(group, key=_position)
-    sources = [copy.operands[0] for copy in group]
-    shape, _ = _layout(sources[0].type)
+    vector loop nest, at the place of `last`, the last of them in their block."""
     phases = len(group)
     with ir.InsertionPoint(last):
         if phases == 1:
-            sources = [_without_trailing_unit_dims(sources[0])]
+            sources = [_without_trailing_unit_dims(group[0].operands[0])]
             target = _without_trailing_unit_dims(group[0].operands[1])
-            shape, _ = _layout(sources[0].type)
         else:
+            sources = [copy.operands[0] for copy in group]
             viewed, offsets, sizes, strides = _phase_target(group[0])
             target = memref.subview(
                 viewed,
@@ -235,6 +224,7 @@ def _emit(group: list) -> None:
                 [*sizes[:-1], sizes[-1] * phases],
                 [*strides[:-1], 1],
             )
+        shape, _ = _layout(sources[0].type)
         outer = shape[:-1]
         if outer and math.prod(shape) >= PARALLEL_ELEMENTS and not _in_parallel_loop(last):
             loop = scf.ForallOp([0] * len(outer), outer, [1] * len(outer))
@@ -319,10 +309,3 @@ def _in_parallel_loop(op) -> bool:
             return True
         parent = parent.parent
     return False
-
-
-def _position(copy) -> int:
-    for index, op in enumerate(copy.block.operations):
-        if op.operation == copy:
-            return index
-    raise ValueError("the copy is not in its block")

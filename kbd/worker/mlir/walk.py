@@ -112,3 +112,16 @@ def transposed(value: ir.Value, permutation: list[int]) -> ir.Value:
     shape = [value_type.shape[p] for p in permutation]
     empty = tensor.empty(shape, value_type.element_type)
     return linalg.transpose(value, outs=[empty], permutation=permutation).results[0]
+
+
+def contiguous_buffer(kind) -> bool:
+    """Whether a memref type is one contiguous row-major run (unit dims aside)."""
+    if not isinstance(kind, ir.MemRefType) or not kind.has_static_shape:
+        return False
+    strides, _ = kind.get_strides_and_offset()
+    expected = 1
+    for size, stride in reversed(list(zip(kind.shape, strides, strict=True))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
