@@ -488,6 +488,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="add the configurations of a JSON Lines file (--export's) to the database and exit",
     )
+    tune.add_argument(
+        "--rekey",
+        metavar="REV",
+        help="carry schedules/tuned.jsonl across a change to the schedules since git revision "
+        "REV (a pass added to a shared lowering, a script edited), then exit: each record whose "
+        "schedule hash is its descriptor's at REV gets its descriptor's hash now; the others "
+        "are left and listed. Only for changes that keep the tuned parameters' meaning",
+    )
     _db_option(tune)
 
     attach = sub.add_parser(

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kbd.engine import prepare
@@ -366,3 +367,56 @@ def test_a_schedules_hash_is_the_same_in_any_checkout_and_changes_with_a_script(
     script = copy / "x86_64" / "transforms" / "conv2d.mlir"
     script.write_text(script.read_text() + "\n// changed\n")
     assert stages_hash(copy) != stages_hash(SCHEDULES)
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(folder), "-c", "user.name=kbd", "-c", "user.email=kbd@test", *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_rekey_carries_the_tuned_records_across_a_lowering_change_and_leaves_strangers(tmp_path):
+    """After a pass joins the shared lowering, `--rekey REV`'s work gives each record whose hash
+    was its descriptor's at REV the hash it has now (so the finder applies it again), leaves a
+    record whose hash matched nothing as it was, and does nothing when run again."""
+    from kbd.tune import rekey
+
+    repository = tmp_path / "repo"
+    schedules = repository / "schedules"
+    shutil.copytree(SCHEDULES, schedules)
+    records = tuned.read_jsonl(SCHEDULES / tuned.REPOSITORY_FILE)[:3]
+    stranger = msgspec.structs.replace(
+        records[2], key=msgspec.structs.replace(records[2].key, schedule_hash="0" * 16)
+    )
+    (schedules / tuned.REPOSITORY_FILE).write_text(tuned.jsonl([*records[:2], stranger]))
+    _git(repository, "init", "-q")
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "schedules")
+    lowering = schedules / "x86_64" / "cpu-lowering.yaml"
+    lowering.write_text(lowering.read_text().replace("Pipeline:\n", "Pipeline:\n  - pass: cse\n"))
+
+    def now(record: tuned.Tuned) -> str:
+        path = schedules / record.key.descriptor
+        stages = descriptor.resolve_pipeline([str(path)], schedules_dir=schedules, cwd=schedules)
+        return tuned.stages_hash(stages)
+
+    assert all(now(r) != r.key.schedule_hash for r in records)  # the change orphaned them
+    path, result = rekey.rekey_repository_file("HEAD", schedules)
+    assert path == schedules / tuned.REPOSITORY_FILE
+    assert (len(result.rekeyed), result.unmatched, result.missing) == (2, [stranger.kernel], [])
+    after = tuned.read_jsonl(path)
+    assert [r.key.schedule_hash for r in after[:2]] == [now(r) for r in records[:2]]
+    assert [r.config for r in after] == [r.config for r in records]
+    assert after[2] == stranger
+    _, again = rekey.rekey_repository_file("HEAD", schedules)
+    assert (len(again.rekeyed), len(again.current)) == (0, 2)
+    with pytest.raises(InputError, match="--rekey nosuch: not a revision of"):
+        rekey.rekey_repository_file("nosuch", schedules)
+
+
+def test_rekey_is_one_of_export_import_and_rekey(tmp_path):
+    result = kbd("tune", "--rekey", "HEAD", "--export", "x.jsonl", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--export and --rekey: one at a time" in result.stderr

@@ -10,18 +10,22 @@ from pathlib import Path
 import msgspec
 
 from kbd import cluster
+from kbd.engine import prepare
 from kbd.plan import spec, tuned
 from kbd.plan.invocation import Invocation
 from kbd.plan.paths import check_output
 from kbd.results.store import Store
 from kbd.results.tuning import TuningStore
 from kbd.shared.errors import InputError
-from kbd.tune import session
+from kbd.tune import rekey, session
 
 
 def main(args: argparse.Namespace, invocation: Invocation) -> int:
-    if args.export and args.import_file:
-        raise InputError("--export and --import: one at a time")
+    given = [name for name, value in _EXCLUSIVE if getattr(args, value)]
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)}: one at a time")
+    if args.rekey:
+        return _rekey(args.rekey)
     if args.export:
         check_output(args.export, "--export")
         adopted = TuningStore(Store(invocation.store_path)).all_tuned()
@@ -92,6 +96,24 @@ def main(args: argparse.Namespace, invocation: Invocation) -> int:
 
         execute = tuning.execute
     return session.run(options, invocation.store_path, tune_id, log_dir, _command(), execute)
+
+
+_EXCLUSIVE = (("--export", "export"), ("--import", "import_file"), ("--rekey", "rekey"))
+
+
+def _rekey(revision: str) -> int:
+    path, result = rekey.rekey_repository_file(revision, prepare.SCHEDULES_DIR)
+    total = len(result.records)
+    print(
+        f"kbd tune: {path}: {len(result.rekeyed)} of {total} records re-keyed from {revision}, "
+        f"{len(result.current)} already current, {len(result.unmatched)} unmatched, "
+        f"{len(result.missing)} with a descriptor that no longer exists"
+    )
+    for kernel in result.unmatched:
+        print(f"  unmatched (hash neither {revision}'s nor the current one): {kernel}")
+    for name in sorted(set(result.missing)):
+        print(f"  no such descriptor now: {name}")
+    return 0
 
 
 def _options(args: argparse.Namespace) -> session.TuneSpec:
