@@ -108,7 +108,7 @@ def _by_groups(x, weight, bias, stride, padding, dilation, transposed, output_pa
                 1,
             )
         )
-    return torch.cat(parts, 1)
+    return _channels(parts)
 
 
 def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_padding, groups):
@@ -146,9 +146,22 @@ def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_pad
     # Every phase is computed before any is written, the last dim's phases written one after
     # another: their copies then stand next to each other for kbd-vector-copies, which
     # writes them as one interleaved loop.
-    parts = [_phase(x, weight, bias, combination, groups, channels) for combination in tapped]
+    parts = [_phase(x, weight, bias, combination, groups) for combination in tapped]
     for combination, part in zip(tapped, parts, strict=True):
         result = _scatter(result, part, combination, stride, spatial)
+    return result
+
+
+def _channels(parts):
+    """`parts` concatenated along channels, each written into its slice of one new tensor
+    (not `torch.cat`): each part's producer (the conv3d rewrite's transpose of its result)
+    then writes straight into its slice, where a concatenation would copy every part."""
+    first = parts[0]
+    result = first.new_empty([first.shape[0], sum(p.shape[1] for p in parts), *first.shape[2:]])
+    start = 0
+    for part in parts:
+        result = aten.slice_scatter(result, part, 1, start, start + part.shape[1])
+        start += part.shape[1]
     return result
 
 
@@ -157,44 +170,55 @@ def _no_tap(phase: Phase) -> bool:
     return phase.taps.stop == phase.taps.start
 
 
-def _phase(x, weight, bias, combination, groups, channels):
-    """One phase's output, for a phase with taps in every dim: [N, channels, count...]."""
-    index = (slice(None), slice(None), *(phase.taps for phase in combination))
-    # Rows first .. first + count of the sub-convolution, zeros where they fall outside it
-    # (then the bias is added after the padding, which must hold it too).
-    padded = any(
-        phase.first < 0 or phase.first + phase.count > length
-        for phase, length in zip(combination, _sub_sizes(x, weight, combination), strict=True)
-    )
+def _phase(x, weight, bias, combination, groups):
+    """One phase's output [N, channels, count...], for a phase with taps in every dim: a
+    forward convolution with the phase's taps reversed, over the input zero-padded (or cut) so
+    that it makes exactly the phase's `count` positions per dim. (Written as a stride-1
+    transposed convolution, it would make every position its taps reach, n + d (k' - 1) per
+    dim, of which the phase's would be cut out: more work, at widths the schedules pad
+    further.) A 3-D one is made a group at a time, padding each group's input itself: the
+    conv3d rewrite folds such a padding into its input copy, not one of a slice."""
     spatial = len(combination)
-    sub = aten.convolution(
-        x,
-        weight[index],
-        None if padded else bias,
-        [1] * spatial,
-        [0] * spatial,
-        [phase.dilation for phase in combination],
-        True,
-        [0] * spatial,
-        groups,
-    )
-    for dim, phase in enumerate(combination, start=2):
-        before = max(0, -phase.first)
-        after = max(0, phase.first + phase.count - sub.shape[dim])
-        if before or after:
-            sub = torch.nn.functional.pad(sub, [0, 0] * (sub.dim() - dim - 1) + [before, after])
-        sub = sub.narrow(dim, phase.first + before, phase.count)
-    if padded and bias is not None:
-        sub = sub + bias.reshape(channels, *[1] * spatial)
-    return sub
-
-
-def _sub_sizes(x, weight, combination):
-    """The spatial sizes of a phase's sub-convolution (stride 1, no padding)."""
-    return [
-        n + phase.dilation * (len(range(k)[phase.taps]) - 1)
-        for n, k, phase in zip(x.shape[2:], weight.shape[2:], combination, strict=True)
-    ]
+    taps = weight[(slice(None), slice(None), *(phase.taps for phase in combination))]
+    inputs, outputs = taps.shape[0] // groups, taps.shape[1]
+    # [in, out / groups, k'...] (transposed) as [out, in / groups, k'...], taps reversed
+    forward = taps.reshape(groups, inputs, outputs, *taps.shape[2:]).transpose(1, 2)
+    forward = forward.reshape(groups * outputs, inputs, *taps.shape[2:])
+    forward = forward.flip(list(range(2, 2 + spatial)))
+    cut = x
+    pads = []
+    for dim, (phase, size, kernel) in enumerate(
+        zip(combination, x.shape[2:], taps.shape[2:], strict=True), start=2
+    ):
+        # output q reads inputs q + first - d (k' - 1) .. q + first
+        low = phase.dilation * (kernel - 1) - phase.first
+        high = phase.first + phase.count - size
+        if low < 0 or high < 0:
+            cut = cut.narrow(dim, max(0, -low), size - max(0, -low) - max(0, -high))
+        pads = [max(0, low), max(0, high), *pads]
+    dilation = [phase.dilation for phase in combination]
+    ones, zeros = [1] * spatial, [0] * spatial
+    if spatial != 3 or groups == 1:
+        padded = torch.nn.functional.pad(cut, pads) if any(pads) else cut
+        return aten.convolution(padded, forward, bias, ones, zeros, dilation, False, zeros, groups)
+    parts = []
+    for g in range(groups):
+        part = cut[:, g * inputs : (g + 1) * inputs]
+        padded = torch.nn.functional.pad(part, pads) if any(pads) else part
+        parts.append(
+            aten.convolution(
+                padded,
+                forward[g * outputs : (g + 1) * outputs],
+                None if bias is None else bias[g * outputs : (g + 1) * outputs],
+                ones,
+                zeros,
+                dilation,
+                False,
+                zeros,
+                1,
+            )
+        )
+    return torch.cat(parts, 1)
 
 
 def _scatter(result, part, combination, stride, spatial):

@@ -299,9 +299,12 @@ def _real_depths(image: ir.Value) -> tuple[int, int]:
 
 def zero_padded(image: ir.Value) -> tuple[ir.Value, list[int]] | None:
     """(the tensor, its offsets) when `image` [N, C, D, H, W] is a tensor inserted into a zero
-    `linalg.fill` at static offsets with unit strides, padding its depths, rows and columns
-    only (torch-mlir's padding of a convolution's input); else None."""
+    `linalg.fill` at static offsets with unit strides (torch-mlir's padding of a convolution's
+    input) or a `tensor.pad` of it with zeros (an explicit padding, kbd.worker.transposed_convs'
+    phases), padding its depths, rows and columns only; else None."""
     insert_op = producer(image)
+    if insert_op is not None and insert_op.name == "tensor.pad":
+        return _zero_pad(insert_op)
     if insert_op is None or insert_op.name != "tensor.insert_slice":
         return None
     fill = producer(insert_op.operands[1])
@@ -317,6 +320,22 @@ def zero_padded(image: ir.Value) -> tuple[ir.Value, list[int]] | None:
     if offsets[:2] != [0, 0] or sizes != shape:  # all images and channels, not rank-reducing
         return None
     return source, offsets
+
+
+def _zero_pad(pad: ir.Operation) -> tuple[ir.Value, list[int]] | None:
+    """(the source, its low pads) of a static `tensor.pad` of depths, rows and columns whose
+    region yields a zero constant."""
+    low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
+    high = list(ir.DenseI64ArrayAttr(pad.attributes["static_high"]))
+    if len(pad.operands) != 1 or len(low) != 5 or min(low + high) < 0:  # dynamic pads
+        return None
+    if low[:2] != [0, 0] or high[:2] != [0, 0]:
+        return None
+    body = pad.regions[0].blocks[0]
+    yielded = list(body.operations)[-1]
+    if len(list(body.operations)) != 1 or not is_float_constant(yielded.operands[0], 0.0):
+        return None
+    return pad.operands[0], low
 
 
 def _collapsed(shape: list[int], groups: list[list[int]]) -> list[int]:

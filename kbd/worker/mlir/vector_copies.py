@@ -12,9 +12,10 @@ A strided transposed convolution is computed one output phase at a time
 (kbd.worker.transposed_convs), each phase then copied into its strided slice of the output:
 along the last dim, phase r of stride s holds columns r, r + s, r + 2s, ... No vector store
 writes every s-th lane, and each phase's copy brings the output's rows into the cache again.
-The s copies of one row's phases, consecutive after bufferization (only views between them),
-are merged: each step loads a vector of every phase, interleaves them in registers
-(`vector.shuffle`) and stores s vectors of the row, contiguous, once.
+The s copies of one row's phases, consecutive after bufferization (only views, and the
+deallocations of phases already copied, between them), are merged: each step loads a vector
+of every phase, interleaves them in registers (`vector.shuffle`) and stores s vectors of the
+row, contiguous, once.
 
 Copies of more than `PARALLEL_ELEMENTS` elements outside parallel loops are `scf.forall`s
 over their rows (OpenMP parallel loops, as the schedules' blocks).
@@ -53,7 +54,9 @@ def vector_copies(module: ir.Module) -> int:
     made = 0
     with module.context, ir.Location.unknown():
         for block in _blocks_with_copies(module):
-            for group, last in _phase_groups(block):
+            for group, last, frees in _phase_groups(block):
+                for free in reversed(frees):  # the merged loop reads every phase at `last`
+                    free.move_after(last)
                 _emit(group, last)
                 made += 1
         for copy in ops_named(module, "memref.copy"):
@@ -136,23 +139,33 @@ def _collapsed_type(value: ir.Value, row: int) -> ir.MemRefType:
     return ir.MemRefType.get(shape, kind.element_type, layout)
 
 
-def _phase_groups(block) -> list[tuple[list, ir.Operation]]:
-    """Runs of consecutive copies in `block` (only view ops between them) that write the s
-    phases of one buffer's last dim: (the copies in phase order, the last in the block)."""
-    groups, run = [], []  # run: (copy, its _phase_target)
+def _phase_groups(block) -> list[tuple[list, ir.Operation, list]]:
+    """Runs of consecutive copies in `block` (only view ops and deallocations between them)
+    that write the s phases of one buffer's last dim: (the copies in phase order, the last in
+    the block, the deallocations among them: a phase's source freed after its copy, which
+    must wait until the merged loop has read it)."""
+    groups, run, frees = [], [], []  # run: (copy, its _phase_target)
     for op in block.operations:
         op = op.operation
         if op.name == "memref.copy":
             run.append((op, _phase_target(op)))
             while run and not _may_start_group([target for _, target in run]):
                 run = run[1:]
+            frees = [free for free in frees if run and _after(free, run[0][0])]
             if run and len(run) == run[0][1][3][-1]:
                 in_phase_order = sorted(run, key=lambda pair: pair[1][1][-1])
-                groups.append(([copy for copy, _ in in_phase_order], op))
-                run = []
+                groups.append(([copy for copy, _ in in_phase_order], op, frees))
+                run, frees = [], []
+        elif op.name == "memref.dealloc" and run:
+            frees.append(op)
         elif op.name not in _VIEW_OPS:
-            run = []
+            run, frees = [], []
     return groups
+
+
+def _after(op: ir.Operation, other: ir.Operation) -> bool:
+    """Whether `op` comes after `other` in their block."""
+    return other.is_before_in_block(op)
 
 
 def _phase_target(copy) -> tuple | None:
