@@ -95,7 +95,8 @@ def test_other_convolutions_are_left_to_torch_mlir():
 def test_a_strided_transposed_conv3d_imports_without_a_zero_stuffed_input():
     """torch-mlir alone inserts the input into zeros at stride 2 (zero-stuffing); by phases,
     every strided insert writes a phase of the output (6 channels), and each convolution has
-    its phase's taps: 8 phases of 2 groups, 1 or 2 taps per dim of a 3-tap kernel."""
+    its phase's taps: 8 phases of 2 groups, 1 or 2 taps per dim of a 3-tap kernel, and makes
+    exactly its phase's positions (half the output's 10 x 12 x 14 per dim), none to be cut."""
     conv = torch.nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
     text = str(mlir.import_model(conv, [torch.randn(1, 4, 5, 6, 7)]))
     strided = [
@@ -106,6 +107,8 @@ def test_a_strided_transposed_conv3d_imports_without_a_zero_stuffed_input():
     kernels = re.findall(r"linalg\.conv_3d_ncdhw_fcdhw .*, tensor<3x2x(\d)x(\d)x(\d)xf32>\)", text)
     assert len(kernels) == 16
     assert {int(taps) for kernel in kernels for taps in kernel} == {1, 2}
+    outputs = re.findall(r"linalg\.conv_3d_ncdhw_fcdhw .* -> tensor<([\dx]+)xf32>", text)
+    assert outputs == ["1x3x5x6x7"] * 16
 
 
 def test_phases_without_a_tap_are_filled_with_the_output_not_scattered():

@@ -13,8 +13,10 @@ shifted by j0. Output position o is full position o + padding; the phases partit
 output, each one written as a strided slice (o = q * s + r - padding); a phase with no tap
 (a kernel smaller than the stride, or a dilation sharing a factor with it) holds the bias alone,
 so such an output starts filled with the bias and only the phases with taps are written. Each
-phase's convolution is then an ordinary stride-1 convolution for the conv2d and conv3d
-schedules; the price is one copy of the output (each phase's result into its slice).
+phase is computed as an ordinary forward convolution of stride 1 (the taps reversed) over the
+input zero-padded, or cut, just enough to make the phase's positions and no others, which the
+conv2d and conv3d schedules take; the price is one copy of the output (each phase's result
+into its slice).
 
 torch-mlir lowers a grouped 3-D convolution to a `linalg.generic`, which no convolution
 schedule matches; split into its groups (each a `linalg.conv_3d_ncdhw_fcdhw`) and concatenated
