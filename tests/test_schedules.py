@@ -497,6 +497,10 @@ CASES = {
         (functools.partial(Conv, (6, 3, 11, 11), stride=4, padding=2), [(2, 3, 40, 37)]),
         (functools.partial(Conv, (8, 4, 1, 1), stride=2), [(2, 4, 16, 15)]),
         (functools.partial(Conv, (6, 4, 3), stride=3, dilation=4), [(2, 4, 100)]),
+        # 1-D and long: phased before the products (kbd-strided-conv1ds-as-phases), its taps
+        # gathered, then a batch matmul (kbd-pointwise-convs-as-matmuls); a pointwise one too
+        (functools.partial(Conv, (6, 4, 3), stride=3, dilation=4), [(2, 4, 800)]),
+        (functools.partial(Conv, (6, 4, 1)), [(2, 4, 300)]),
         (functools.partial(Conv, (6, 4, 7, 7), stride=(2, 1), padding=3), [(1, 4, 20, 21)]),
         (functools.partial(Conv, (5, 4, 3, 3), stride=2, padding=1), [(2, 4, 17, 16)]),
         # depthwise (groups = channels): kbd-depthwise-convs-as-taps, then depthwise.mlir; a
@@ -1386,6 +1390,35 @@ def test_a_strided_transposed_convs_phases_are_stored_interleaved_in_vectors():
     interleave = ", ".join(f"{i}, {16 + i}" for i in range(16))
     assert text.count("vector.shuffle") >= 8 and f"[{interleave}]" in text
     assert "vector.maskedstore" in text  # each row's last 2 x 5 columns
+
+
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_a_long_strided_dilated_conv1d_is_a_batch_matmul_of_its_gathered_taps(feature):
+    """kbd-strided-conv1ds-as-phases, before the products: a 3-tap conv1d of stride 3 and
+    dilation 4 (level1/76) has its taps gathered, a size-1 conv of 3 x 4 channels that
+    kbd-pointwise-convs-as-matmuls makes a batch matmul over the images, tiled by the batch
+    matmul schedule; a short one (rows of 31) stays a convolution."""
+    folder = SCHEDULES / "x86_64" / (feature or "") / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(folder)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    names = [stage.text for stage in stages if stage.kind == "pass"]
+    assert names.index("kbd-strided-conv1ds-as-phases") < names.index(
+        "kbd-pointwise-convs-as-matmuls"
+    )
+
+    def products(length):
+        model = Conv((6, 4, 3), stride=3, dilation=4)
+        module = mlir.import_model(model, [torch.randn(2, 4, length)])
+        for stage in stages:
+            if stage.kind == "transform" and stage.text.endswith("/batch-matmul.mlir"):
+                break
+            mlir.apply_stage(module, stage)
+        return str(module)
+
+    long = products(800)
+    assert "linalg.conv_1d_ncw_fcw" not in long
+    assert re.search(r"linalg\.batch_matmul .*tensor<2x6x12xf32>, tensor<2x12x264xf32>", long)
+    short = products(100)
+    assert "linalg.batch_matmul" not in short and "linalg.conv_1d_ncw_fcw" in short
 
 
 def test_a_narrow_conv2d_is_computed_channels_last_when_its_weights_are_reused_enough():

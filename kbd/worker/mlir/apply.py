@@ -45,6 +45,7 @@ REWRITES = {
     "kbd-unit-dims-as-reshapes": rewrites.unit_dims_as_reshapes,
     "kbd-shared-b-batch-matmuls-as-matmuls": rewrites.shared_b_batch_matmuls_as_matmuls,
     "kbd-strided-convs-as-phases": strided_conv.strided_convs_as_phases,
+    "kbd-strided-conv1ds-as-phases": strided_conv.strided_conv1ds_as_phases,
     "kbd-depthwise-convs-as-taps": depthwise.depthwise_convs_as_taps,
     "kbd-grouped-convs-as-convs": depthwise.grouped_convs_as_convs,
     "kbd-conv3d-as-conv2d": conv3d.conv3d_as_conv2d,

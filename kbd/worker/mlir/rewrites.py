@@ -431,6 +431,11 @@ def matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
     return _product_maps(b_dims, batched=False)
 
 
+def batch_matmul_maps(b_dims: tuple[int, int]) -> list[ir.AffineMap]:
+    """Indexing maps over (batch, m, n, k) of C[b, m, n] += A[b, m, k] * B[b, b_dims]."""
+    return _product_maps(b_dims, batched=True)
+
+
 def _product_maps(b_dims: tuple[int, int], *, batched: bool) -> list[ir.AffineMap]:
     """Indexing maps over ([batch,] m, n, k) of C[m, n] += A[m, k] * B[b_dims], each operand
     led by the batch dim when `batched`."""

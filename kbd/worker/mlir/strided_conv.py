@@ -90,9 +90,21 @@ def _dim(stride: int, dilation: int, kernel: int, output: int, size: int) -> Dim
 def strided_convs_as_phases(module: ir.Module) -> int:
     """Rewrite every strided NCHW/FCHW (or NCW/FCW) convolution of static shapes into a stride-1
     convolution over the input's phases; returns how many were rewritten."""
+    return _as_phases(module, CONVOLUTIONS)
+
+
+def strided_conv1ds_as_phases(module: ir.Module) -> int:
+    """`strided_convs_as_phases` of the 1-D convolutions only (`kbd-strided-conv1ds-as-phases`),
+    run before the product stages: one whose taps are gathered is then a pointwise convolution,
+    which `kbd-pointwise-convs-as-matmuls` makes a product. (2-D ones stay with the
+    convolution stages: `kbd-convs-channels-last` takes some strided ones first.)"""
+    return _as_phases(module, {"linalg.conv_1d_ncw_fcw": 1})
+
+
+def _as_phases(module: ir.Module, convolutions: dict[str, int]) -> int:
     changed = 0
     with module.context, ir.Location.unknown():
-        for name, spatial in CONVOLUTIONS.items():
+        for name, spatial in convolutions.items():
             for op, types in static_ops(module, name):
                 strides, dilations = int_array(op, "strides"), int_array(op, "dilations")
                 if all(s == 1 for s in strides):
