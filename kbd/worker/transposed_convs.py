@@ -91,26 +91,34 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 
 
 def _by_groups(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """One convolution per group, concatenated along channels (`_channels`)."""
+    arguments = (stride, padding, dilation, transposed, output_padding)
+    return _channels(_group_parts(x, weight, bias, arguments, groups))
+
+
+def _group_parts(x, weight, bias, arguments, groups, pads=None):
+    """Each group's convolution (`arguments`: stride, padding, dilation, transposed, output
+    padding), its slice of the input zero-padded by `pads` (F.pad's order) first if given."""
+    transposed = arguments[3]
     inputs = x.shape[1] // groups
     # The weight is [out, in / groups, ...], or [in, out / groups, ...] when transposed.
     per_weight = weight.shape[0] // groups
     outputs = weight.shape[1] if transposed else per_weight
     parts = []
     for g in range(groups):
+        part = x[:, g * inputs : (g + 1) * inputs]
+        if pads is not None and any(pads):
+            part = torch.nn.functional.pad(part, pads)
         parts.append(
             aten.convolution(
-                x[:, g * inputs : (g + 1) * inputs],
+                part,
                 weight[g * per_weight : (g + 1) * per_weight],
                 None if bias is None else bias[g * outputs : (g + 1) * outputs],
-                stride,
-                padding,
-                dilation,
-                transposed,
-                output_padding,
+                *arguments,
                 1,
             )
         )
-    return _channels(parts)
+    return parts
 
 
 def _transposed_by_phases(x, weight, bias, stride, padding, dilation, output_padding, groups):
@@ -203,24 +211,11 @@ def _phase(x, weight, bias, combination, groups):
     if spatial != 3 or groups == 1:
         padded = torch.nn.functional.pad(cut, pads) if any(pads) else cut
         return aten.convolution(padded, forward, bias, ones, zeros, dilation, False, zeros, groups)
-    parts = []
-    for g in range(groups):
-        part = cut[:, g * inputs : (g + 1) * inputs]
-        padded = torch.nn.functional.pad(part, pads) if any(pads) else part
-        parts.append(
-            aten.convolution(
-                padded,
-                forward[g * outputs : (g + 1) * outputs],
-                None if bias is None else bias[g * outputs : (g + 1) * outputs],
-                ones,
-                zeros,
-                dilation,
-                False,
-                zeros,
-                1,
-            )
-        )
-    return torch.cat(parts, 1)
+    # Concatenated, not written into slices of one tensor (`_channels`): bufferization would
+    # then compute each group's part straight into its strided slice of the output, a lane
+    # at a time, instead of copying whole phases there, interleaved (kbd-vector-copies).
+    arguments = (ones, zeros, dilation, False, zeros)
+    return torch.cat(_group_parts(cut, forward, bias, arguments, groups, pads), 1)
 
 
 def _scatter(result, part, combination, stride, spatial):
