@@ -151,7 +151,7 @@ def _phase_groups(block) -> list[tuple[list, ir.Operation, list]]:
             run.append((op, _phase_target(op)))
             while run and not _may_start_group([target for _, target in run]):
                 run = run[1:]
-            frees = [free for free in frees if run and _after(free, run[0][0])]
+            frees = [free for free in frees if run and run[0][0].is_before_in_block(free)]
             if run and len(run) == run[0][1][3][-1]:
                 in_phase_order = sorted(run, key=lambda pair: pair[1][1][-1])
                 groups.append(([copy for copy, _ in in_phase_order], op, frees))
@@ -161,11 +161,6 @@ def _phase_groups(block) -> list[tuple[list, ir.Operation, list]]:
         elif op.name not in _VIEW_OPS:
             run, frees = [], []
     return groups
-
-
-def _after(op: ir.Operation, other: ir.Operation) -> bool:
-    """Whether `op` comes after `other` in their block."""
-    return other.is_before_in_block(op)
 
 
 def _phase_target(copy) -> tuple | None:
