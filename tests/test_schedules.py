@@ -396,6 +396,18 @@ class TwoConvs(torch.nn.Module):
         return self.second(torch.relu(self.first(x)))
 
 
+class ConvTanhScaleMaxPool(torch.nn.Module):
+    """level2/82's graph: conv2d, tanh, a scaling and a bias, then a max pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = Conv((6, 3, 3, 3))
+        self.register_buffer("bias", torch.linspace(-1.0, 1.0, 6).reshape(6, 1, 1))
+
+    def forward(self, x):
+        return F.max_pool2d(torch.tanh(self.conv(x)) * 2.0 + self.bias, 4)
+
+
 class ConvEpilogue(torch.nn.Module):
     """A convolution (2-D or 3-D by the input's rank) and level 2's kind of epilogue: a bias of
     one value per channel, GELU (erf), sigmoid (exp), a scaling and a clamp."""
@@ -476,6 +488,7 @@ CASES = {
         # three alike: one outlined function (kbd-outline-repeated-ops)
         (RepeatedConvs, [(2, 6, 10, 21), (6, 6, 3, 3), (6, 6, 3, 3), (6, 6, 3, 3), (4, 6, 1, 1)]),
         (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
+        (ConvTanhScaleMaxPool, [(2, 3, 14, 21)]),  # the tanh vectorized apart from the pooling
         # pointwise: over one image a matmul (kbd-pointwise-convs-as-matmuls), partial tiles,
         # padded (its border is the bias); over two, channels last
         (functools.partial(Conv, (20, 12, 1, 1), padding=1), [(1, 12, 5, 9)]),
@@ -1088,6 +1101,21 @@ def test_an_activation_a_reduction_reads_is_vectorized_and_not_fused_into_it():
             break
     erfs = [line for line in str(module).splitlines() if "math.erf" in line]
     assert erfs and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in erfs)
+
+
+def test_an_activation_a_reduction_reads_through_element_wise_ops_is_vectorized_too():
+    """kbd-mark-reduction-inputs follows element-wise ops: a tanh that reaches the max pooling
+    through a scaling and a bias is vectorized on its own, not fused into the pooling's scalar
+    loop with them (CASES checks the result against eager)."""
+    path = SCHEDULES / "x86_64" / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    module = mlir.import_model(ConvTanhScaleMaxPool(), [torch.randn(2, 3, 14, 21)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage is _last_parallel_generics(stages):
+            break
+    exps = [line for line in str(module).splitlines() if "math.exp" in line or "math.tanh" in line]
+    assert exps and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in exps)
 
 
 class ConvNormMean(torch.nn.Module):

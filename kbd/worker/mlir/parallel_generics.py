@@ -7,9 +7,9 @@ top of the function, which the loop lowering would run as scalar loops on one th
 libm call per element for erf or exp. Each such op whose iterators are all parallel, on static
 tensors, gets `kbd.rank` (its loop count): the script, which needs its tile sizes spelled out,
 has a sequence per rank. Ops inside loops (tiles a script made) are not marked. Element-wise
-ops with math functions that a reduction reads are vectorized on their own first
-(`kbd-mark-reduction-inputs`), so that fusion does not move them into the reduction, which
-stays a scalar loop.
+ops with math functions that a reduction reads, directly or through other element-wise ops, are
+vectorized on their own first (`kbd-mark-reduction-inputs`), so that fusion does not move them
+into the reduction, which stays a scalar loop.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def mark_parallel_generics(module: ir.Module) -> int:
 def mark_reduction_inputs(module: ir.Module) -> int:
     """Mark, as `mark_parallel_generics` does, only the generics that compute a math function
     (erf, exp, tanh, ...) and whose result a reduction reads (a generic with a reduction
-    iterator); returns how many were marked.
+    iterator), directly or through element-wise generics; returns how many were marked.
 
     Vectorized before `linalg-fuse-elementwise-ops`, they are loops it cannot fuse into the
     reduction, which the loop lowering would run as scalar code, with a libm call per element.
@@ -88,12 +88,23 @@ def _computes_math(op: ir.Operation) -> bool:
 
 
 def _feeds_a_reduction(op: ir.Operation) -> bool:
-    return any(
-        "reduction" in kind
-        for result in op.results
-        for use in result.uses
-        for kind in iterator_types(use.owner)
-    )
+    """Whether a reduction reads the op's result, directly or through element-wise generics
+    (conv, tanh, a scaling, a bias, then a max pooling): fusion would pull the whole chain,
+    math included, into the reduction's scalar loop."""
+    seen: set = set()
+    pending = [op]
+    while pending:
+        current = pending.pop()
+        for result in current.results:
+            for use in result.uses:
+                user = use.owner
+                kinds = iterator_types(user)
+                if any("reduction" in kind for kind in kinds):
+                    return True
+                if kinds and user not in seen:
+                    seen.add(user)
+                    pending.append(user)
+    return False
 
 
 def _parallel_rank(op: ir.Operation) -> int | None:
