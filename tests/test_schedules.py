@@ -408,6 +408,19 @@ class ConvTanhScaleMaxPool(torch.nn.Module):
         return F.max_pool2d(torch.tanh(self.conv(x)) * 2.0 + self.bias, 4)
 
 
+class PoolChain(torch.nn.Module):
+    """GoogLeNet's pattern, with an optional convolution first: a stride-2 max pool whose
+    result an inception's 3x3 max pool reads, and another branch too."""
+
+    def __init__(self, conv=False):
+        super().__init__()
+        self.conv = Conv((6, 3, 3, 3)) if conv else torch.nn.Identity()
+
+    def forward(self, x):
+        first = F.max_pool2d(self.conv(x), 3, 2, 1)
+        return F.max_pool2d(first, 3, 1, 1) + first
+
+
 class ConvEpilogue(torch.nn.Module):
     """A convolution (2-D or 3-D by the input's rank) and level 2's kind of epilogue: a bias of
     one value per channel, GELU (erf), sigmoid (exp), a scaling and a clamp."""
@@ -489,6 +502,7 @@ CASES = {
         (RepeatedConvs, [(2, 6, 10, 21), (6, 6, 3, 3), (6, 6, 3, 3), (6, 6, 3, 3), (4, 6, 1, 1)]),
         (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
         (ConvTanhScaleMaxPool, [(2, 3, 14, 21)]),  # the tanh vectorized apart from the pooling
+        (functools.partial(PoolChain, True), [(2, 3, 17, 40)]),  # poolings as taps, chained
         # pointwise: over one image a matmul (kbd-pointwise-convs-as-matmuls), partial tiles,
         # padded (its border is the bias); over two, channels last
         (functools.partial(Conv, (20, 12, 1, 1), padding=1), [(1, 12, 5, 9)]),
@@ -592,6 +606,7 @@ CASES = {
         (pool(True, kernel_size=3, stride=2, padding=1), [(1, 2, 9, 10, 40)]),
         # the divisor a tensor (counts without padding): not folded into the taps
         (pool(True, kernel_size=3, stride=2, padding=1, count_include_pad=False), [(1, 2, 9, 20)]),
+        (PoolChain, [(2, 3, 17, 40)]),  # one pooling reads another's result
     ],
     "softmax": [  # rows.mlir: softmax, and the plain reductions it also handles
         (Softmax, [(8, 64)]),

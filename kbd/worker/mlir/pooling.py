@@ -67,17 +67,32 @@ class Segment(NamedTuple):
 def poolings_as_taps(module: ir.Module) -> int:
     """Rewrite every max or sum pooling of static shapes into element-wise generics over its
     taps; returns how many were rewritten."""
+    rewritten = 0
     with module.context, ir.Location.unknown():
-        found = []
-        module.operation.walk(lambda op: found.append(op) or ir.WalkResult.ADVANCE)
-        poolings = [p for p in map(_pooling, found) if p is not None]
-        for pooling in poolings:
+        # One at a time, each found afresh: a pooling may read another's result (GoogLeNet's
+        # stride-2 max pool feeds an inception's 3x3 one), which the rewrite replaces.
+        while (pooling := _first_pooling(module)) is not None:
             replaced = producer(pooling.result)
             with ir.InsertionPoint(replaced), replaced.location:
                 value = _build(pooling)
             pooling.result.replace_all_uses_with(value)
             _erase_dead(replaced)
-    return len(poolings)
+            rewritten += 1
+    return rewritten
+
+
+def _first_pooling(module: ir.Module) -> Pooling | None:
+    found: list[Pooling] = []
+
+    def visit(op) -> ir.WalkResult:
+        pooling = _pooling(op)
+        if pooling is None:
+            return ir.WalkResult.ADVANCE
+        found.append(pooling)
+        return ir.WalkResult.INTERRUPT
+
+    module.operation.walk(visit)
+    return found[0] if found else None
 
 
 def segments(out: int, size: int, window: Window) -> list[Segment]:
