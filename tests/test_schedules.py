@@ -1104,33 +1104,31 @@ class ConvGeluMean(torch.nn.Module):
         return F.gelu(self.conv(x)).mean((2, 3))
 
 
-def test_an_activation_a_reduction_reads_is_vectorized_and_not_fused_into_it():
-    """kbd-mark-reduction-inputs: GELU before a global average pool is vectorized on its own
-    before fusion, which would move it into the pool's scalar loop (a libm erf per element)."""
+@pytest.mark.parametrize(
+    ("model", "shape", "function"),
+    [
+        # GELU before a global average pool
+        (ConvGeluMean, (2, 3, 9, 21), "math.erf"),
+        # tanh, then a scaling and a bias (element-wise ops between), before a max pooling
+        (ConvTanhScaleMaxPool, (2, 3, 14, 21), "math.tanh"),
+    ],
+    ids=["gelu-mean", "tanh-scale-bias-maxpool"],
+)
+def test_an_activation_a_reduction_reads_is_vectorized_and_not_fused_into_it(
+    model, shape, function
+):
+    """kbd-mark-reduction-inputs: a math function whose result a reduction reads, directly or
+    through other element-wise ops, is vectorized on its own before fusion, which would move it
+    into the reduction's scalar loop (a libm call per element). CASES checks the results."""
     path = SCHEDULES / "x86_64" / "conv2d" / "f32.yaml"
     stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    module = mlir.import_model(ConvGeluMean(), [torch.randn(2, 3, 9, 21)])
+    module = mlir.import_model(model(), [torch.randn(shape)])
     for stage in stages:
         mlir.apply_stage(module, stage)
         if stage is _last_parallel_generics(stages):
             break
-    erfs = [line for line in str(module).splitlines() if "math.erf" in line]
-    assert erfs and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in erfs)
-
-
-def test_an_activation_a_reduction_reads_through_element_wise_ops_is_vectorized_too():
-    """kbd-mark-reduction-inputs follows element-wise ops: a tanh that reaches the max pooling
-    through a scaling and a bias is vectorized on its own, not fused into the pooling's scalar
-    loop with them (CASES checks the result against eager)."""
-    path = SCHEDULES / "x86_64" / "conv2d" / "f32.yaml"
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    module = mlir.import_model(ConvTanhScaleMaxPool(), [torch.randn(2, 3, 14, 21)])
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        if stage is _last_parallel_generics(stages):
-            break
-    exps = [line for line in str(module).splitlines() if "math.exp" in line or "math.tanh" in line]
-    assert exps and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in exps)
+    calls = [line for line in str(module).splitlines() if function in line]
+    assert calls and all(re.search(r": vector<[0-9x]*16xf32>", line) for line in calls)
 
 
 class ConvNormMean(torch.nn.Module):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from kbd.worker.mlir.walk import iterator_types, ops_named
+from kbd.worker.mlir.walk import iterator_types, ops_named, reaches
 
 RANK = "kbd.rank"
 MAX_RANK = 6  # the ranks parallel-generics.mlir has a sequence for
@@ -91,20 +91,11 @@ def _feeds_a_reduction(op: ir.Operation) -> bool:
     """Whether a reduction reads the op's result, directly or through element-wise generics
     (conv, tanh, a scaling, a bias, then a max pooling): fusion would pull the whole chain,
     math included, into the reduction's scalar loop."""
-    seen: set = set()
-    pending = [op]
-    while pending:
-        current = pending.pop()
-        for result in current.results:
-            for use in result.uses:
-                user = use.owner
-                kinds = iterator_types(user)
-                if any("reduction" in kind for kind in kinds):
-                    return True
-                if kinds and user not in seen:
-                    seen.add(user)
-                    pending.append(user)
-    return False
+    return reaches(
+        op,
+        found=lambda user: any("reduction" in kind for kind in iterator_types(user)),
+        follow=lambda user: bool(iterator_types(user)),
+    )
 
 
 def _parallel_rank(op: ir.Operation) -> int | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir.dialects import linalg, tensor
 
-from kbd.worker.mlir.walk import iterator_types, producer
+from kbd.worker.mlir.walk import iterator_types, producer, reaches
 
 MARK = "kbd.row_chain"
 RANKS = (2, 3, 4)  # the ranks row-chains.mlir has a sequence for
@@ -176,23 +176,15 @@ def _feeds_chain(op: ir.Operation) -> bool:
     """Whether a later op of the chain (over the same loop ranges, through reshapes) reads
     this op's result and a row reduction."""
     domain = loop_ranges(op)
-    visited: list[ir.Operation] = []
-    pending = [op]
-    while pending:
-        current = pending.pop()
-        for result in current.results:
-            for use in result.uses:
-                user = use.owner
-                if user in visited:
-                    continue
-                visited.append(user)
-                if user.name in _RESHAPES:
-                    pending.append(user)
-                elif loop_ranges(user) == domain:
-                    if reads_row_reduction(user):
-                        return True
-                    pending.append(user)
-    return False
+
+    def in_chain(user: ir.Operation) -> bool:
+        return user.name not in _RESHAPES and loop_ranges(user) == domain
+
+    return reaches(
+        op,
+        found=lambda user: in_chain(user) and reads_row_reduction(user),
+        follow=lambda user: user.name in _RESHAPES or in_chain(user),
+    )
 
 
 def through_reshapes(value: ir.Value) -> ir.Operation | None:

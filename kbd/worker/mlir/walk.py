@@ -26,6 +26,26 @@ def producer(value: ir.Value) -> ir.Operation | None:
     return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
 
 
+def reaches(op: ir.Operation, found, follow) -> bool:
+    """Whether an op that `found` accepts reads `op`'s result, directly or through ops that
+    `follow` accepts (each user visited once)."""
+    visited: list[ir.Operation] = []
+    pending = [op]
+    while pending:
+        current = pending.pop()
+        for result in current.results:
+            for use in result.uses:
+                user = use.owner
+                if user in visited:
+                    continue
+                visited.append(user)
+                if found(user):
+                    return True
+                if follow(user):
+                    pending.append(user)
+    return False
+
+
 def iterator_types(op: ir.Operation) -> list[str]:
     """A `linalg.generic`'s iterator types ("#linalg.iterator_type<parallel>", ...); [] for
     any other op."""
