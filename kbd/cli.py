@@ -279,6 +279,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "(its compile time is reported apart) and sampled in turn with eager and kbd's code "
         "(repeatable; needs --benchmark and a C++ compiler; see README, Benchmarking)",
     )
+    bench.add_argument(
+        "--inductor-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop compiling the Inductor baseline after this long: the kernel is then timed "
+        "against eager alone and its record says why, instead of the baseline's compile making "
+        "the kernel time out (default: half of --timeout)",
+    )
     lim = parser.add_argument_group("workers and limits")
     lim.add_argument(
         "-j",

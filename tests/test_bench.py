@@ -192,6 +192,23 @@ def _timed(
     return Record(kernel=kernel, outcome="pass", phase="bench", bench=bench)
 
 
+def test_further_processes_do_not_try_inductor_again_once_it_failed():
+    """Inductor failed (or ran out of time) in the first process: the others are timed against
+    eager alone, and the kernel's record keeps the first's reason."""
+    job = Job("k", "k", "", None, None, None, "f32", [], 0, 0.01, 1.0, 3, Limits(),
+              bench=BenchOptions(processes=3, inductor=True))  # fmt: skip
+    asked: list[bool] = []
+
+    async def run_once(each: Job, index: int) -> Record:
+        asked.append(each.bench.inductor)
+        return _timed("k", 200.0, error="Inductor did not compile within 1 s" if index == 0 else "")
+
+    record = anyio.run(bench_processes.run, job, None, run_once)
+    assert asked == [True, False, False]
+    assert record.outcome == "pass" and record.bench.inductor is None
+    assert record.bench.inductor_error == "Inductor did not compile within 1 s"
+
+
 def test_inductor_is_a_second_baseline_with_its_own_speedup_and_interval():
     samples = _with_inductor(_samples(100.0, 300.0, n=40), inductor=150.0)
     figures = stats.summarize(samples, gflop=2e-3)
@@ -745,11 +762,33 @@ def test_without_a_cxx_compiler_inductor_says_why_and_eager_figures_stay(tmp_pat
     assert not (tmp_path / ".kbd" / "inductor-cache").exists()
 
 
+def test_an_inductor_compile_past_its_limit_is_stopped_and_the_kernel_still_passes(tmp_path):
+    """--inductor-timeout: real Inductor, stopped by its limit (no cache to load from): the
+    kernel passes, timed against eager alone, and its record says why."""
+    quick = ["--bench-time", "0.02", "--bench-samples", "3", "--bench-processes", "2"]
+    selection = ["level1/2_", "--benchmark", "--baseline", "inductor", "--no-compile-cache"]
+    selection += ["--inductor-timeout", "0.05", *quick]
+    result = kbd("run", "--json", *fixture_args(*selection), cwd=tmp_path)
+    [record] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert record["outcome"] == "pass" and result.returncode == 0, record["message"]
+    bench = record["bench"]
+    assert bench["speedup"] > 0 and bench["inductor"] is None
+    assert bench["inductor_error"] == "Inductor did not compile within 0.05 s (stopped)"
+
+
 def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):
     result = kbd(
         "run", *fixture_args("level1/2_", "--benchmark", "--bench-budget", "0"), cwd=tmp_path
     )
     assert result.returncode == 2 and "--bench-budget" in result.stderr
+    result = kbd(
+        "run",
+        *fixture_args(
+            "level1/2_", "--benchmark", "--baseline", "inductor", "--inductor-timeout", "0"
+        ),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "--inductor-timeout must be positive" in result.stderr
 
 
 def test_schedules_never_see_the_timing_loops(tmp_path: Path):

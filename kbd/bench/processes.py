@@ -41,7 +41,11 @@ async def run(job: Job, gflops: float | None, run_once: RunOnce) -> Record:
     count = job.bench.processes
     records: list[Record] = []
     for index in range(count):
-        each = msgspec.structs.replace(job, bench=job.bench.per_process(index))
+        options = job.bench.per_process(index)
+        if records and records[0].bench is not None and records[0].bench.inductor_error:
+            # Inductor failed or ran out of time in the first: the others do not try again
+            options = msgspec.structs.replace(options, inductor=False)
+        each = msgspec.structs.replace(job, bench=options)
         record = await run_once(each, index)
         if record.bench is None:  # did not pass (or was not timed): that is the kernel's end
             if index:

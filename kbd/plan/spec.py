@@ -273,6 +273,9 @@ def _bench_options(args: Namespace) -> BenchOptions | None:
         if baselines:
             raise InputError("--baseline needs --benchmark: baselines are what timing compares")
         return None
+    limit = args.inductor_timeout
+    if limit is not None and not limit > 0:  # also NaN
+        raise InputError(f"--inductor-timeout must be positive, got {limit:g}")
     return BenchOptions(
         min_time_s=args.bench_time,
         min_samples=args.bench_samples,
@@ -280,6 +283,7 @@ def _bench_options(args: Namespace) -> BenchOptions | None:
         exclusive=not args.bench_concurrently,
         processes=args.bench_processes,
         inductor="inductor" in baselines,
+        inductor_limit_s=limit if limit is not None else args.timeout / 2,
     )
 
 

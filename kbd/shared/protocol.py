@@ -179,6 +179,10 @@ class BenchOptions(msgspec.Struct, frozen=True):
     # shared by the kernel's processes, so that only the first compiles. None: the worker's
     # scratch folder.
     inductor_cache: str | None = None
+    # Stop compiling Inductor after this long (`--inductor-timeout`; None: no limit): the
+    # kernel is then timed against eager alone, `inductor_error` saying why, and its further
+    # processes do not try again.
+    inductor_limit_s: float | None = None
 
     def per_process(self, index: int) -> BenchOptions:
         """What the `processes` workers' number `index` (from 0) is asked to measure."""
@@ -192,6 +196,7 @@ class BenchOptions(msgspec.Struct, frozen=True):
             check_first=index == 0,
             inductor=self.inductor,
             inductor_cache=self.inductor_cache,
+            inductor_limit_s=self.inductor_limit_s,
         )
 
 

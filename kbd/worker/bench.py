@@ -51,11 +51,13 @@ import gc
 import math
 import os
 import resource
+import signal
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from kbd.shared.protocol import BenchLoop, BenchOptions, BenchSamples
@@ -78,8 +80,22 @@ class Baseline:
     error: str | None = None
 
 
-def inductor(model: torch.nn.Module, args: list, cache: str | None = None) -> Baseline:
+class _OutOfTime(Exception):
+    """Inductor's compile ran past its limit (raised by the SIGALRM handler)."""
+
+
+def inductor(
+    model: torch.nn.Module,
+    args: list,
+    cache: str | None = None,
+    limit_s: float | None = None,
+) -> Baseline:
     """`torch.compile(model)` with Inductor, compiled by one call (timed apart), or why not.
+
+    A compile that runs past `limit_s` is stopped (an alarm interrupts it, and the C++
+    compiles it started are killed): the kernel is then timed against eager alone, the record
+    saying why. A baseline must not make a kernel time out whose own code compiled and passed
+    (level3/34's 256 unrolled RNN steps took Inductor most of the kernel's 600 s).
 
     Its caches are in `cache`, the kernel's folder shared by its processes
     (kbd/caches/inductor_cache.py), or else in the worker's scratch folder
@@ -99,9 +115,13 @@ def inductor(model: torch.nn.Module, args: list, cache: str | None = None) -> Ba
 
     start = time.perf_counter()
     try:
-        compiled = torch.compile(model)
-        with torch.no_grad():
-            compiled(*args)
+        with _time_limit(limit_s):
+            compiled = torch.compile(model)
+            with torch.no_grad():
+                compiled(*args)
+    except _OutOfTime:
+        _kill_children()
+        return Baseline(None, error=f"Inductor did not compile within {limit_s:g} s (stopped)")
     except Exception as exc:  # any failure of Inductor's is the baseline's result
         return Baseline(None, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
     graphs = counters["inductor"]
@@ -109,6 +129,33 @@ def inductor(model: torch.nn.Module, args: list, cache: str | None = None) -> Ba
     return Baseline(
         python_loop(compiled, args), compile_s=time.perf_counter() - start, cached=cached
     )
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Raise `_OutOfTime` in the main thread once `seconds` have passed (None: no limit)."""
+    if seconds is None:
+        yield
+        return
+
+    def out_of_time(signum, frame):
+        raise _OutOfTime
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _kill_children() -> None:
+    """Kill what an interrupted compile left running (Inductor's C++ compiler processes), so
+    that they do not share the cores with the timing."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def first_line(error: BaseException | str) -> str:

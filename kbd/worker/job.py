@@ -404,7 +404,7 @@ def _second_baseline(job: Job, model, args) -> bench.Baseline | None:
     """Inductor compiled and ready to time, when the job asks for it (`--baseline inductor`)."""
     if not job.bench.inductor:
         return None
-    return bench.inductor(model, args, job.bench.inductor_cache)
+    return bench.inductor(model, args, job.bench.inductor_cache, job.bench.inductor_limit_s)
 
 
 def _checks_first(job: Job) -> bool:
