@@ -114,15 +114,16 @@ def inductor(
     from torch._dynamo.utils import counters
 
     start = time.perf_counter()
+    limit = _TimeLimit(limit_s)
     try:
-        with _time_limit(limit_s):
+        with limit:
             compiled = torch.compile(model)
             with torch.no_grad():
                 compiled(*args)
-    except _OutOfTime:
-        _kill_children()
-        return Baseline(None, error=f"Inductor did not compile within {limit_s:g} s (stopped)")
     except Exception as exc:  # any failure of Inductor's is the baseline's result
+        if limit.expired:  # raised as _OutOfTime, maybe wrapped by Inductor (InductorError)
+            _kill_children()
+            return Baseline(None, error=f"Inductor did not compile within {limit_s:g} s (stopped)")
         return Baseline(None, error=f"{type(exc).__name__}: {first_line(exc)}"[:300])
     graphs = counters["inductor"]
     cached = graphs["fxgraph_cache_hit"] > 0 and graphs["fxgraph_cache_miss"] == 0
@@ -131,23 +132,29 @@ def inductor(
     )
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float | None):
-    """Raise `_OutOfTime` in the main thread once `seconds` have passed (None: no limit)."""
-    if seconds is None:
-        yield
-        return
+class _TimeLimit:
+    """Raise `_OutOfTime` in the main thread once `seconds` have passed (None: no limit), and
+    remember that it did: the code interrupted may wrap the exception in one of its own."""
 
-    def out_of_time(signum, frame):
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.expired = False
+        self._previous = None
+
+    def _out_of_time(self, signum, frame):
+        self.expired = True
         raise _OutOfTime
 
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    def __enter__(self) -> _TimeLimit:
+        if self.seconds is not None:
+            self._previous = signal.signal(signal.SIGALRM, self._out_of_time)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.seconds is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
 
 
 def _kill_children() -> None:
