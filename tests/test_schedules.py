@@ -502,7 +502,7 @@ CASES = {
         (RepeatedConvs, [(2, 6, 10, 21), (6, 6, 3, 3), (6, 6, 3, 3), (6, 6, 3, 3), (4, 6, 1, 1)]),
         (functools.partial(ConvEpilogue, 2), [(2, 3, 9, 21)]),  # epilogues.yaml
         (ConvTanhScaleMaxPool, [(2, 3, 14, 21)]),  # the tanh vectorized apart from the pooling
-        (functools.partial(PoolChain, True), [(2, 3, 17, 40)]),  # poolings as taps, chained
+        (functools.partial(PoolChain, True), [(2, 3, 17, 40)]),  # chained poolings after a conv
         # pointwise: over one image a matmul (kbd-pointwise-convs-as-matmuls), partial tiles,
         # padded (its border is the bias); over two, channels last
         (functools.partial(Conv, (20, 12, 1, 1), padding=1), [(1, 12, 5, 9)]),

@@ -42,7 +42,7 @@ async def run(job: Job, gflops: float | None, run_once: RunOnce) -> Record:
     records: list[Record] = []
     for index in range(count):
         options = job.bench.per_process(index)
-        if records and records[0].bench is not None and records[0].bench.inductor_error:
+        if records and records[0].bench.inductor_error:  # records holds timed ones only
             # Inductor failed or ran out of time in the first: the others do not try again
             options = msgspec.structs.replace(options, inductor=False)
         each = msgspec.structs.replace(job, bench=options)

@@ -95,7 +95,7 @@ def inductor(
     A compile that runs past `limit_s` is stopped (an alarm interrupts it, and the C++
     compiles it started are killed): the kernel is then timed against eager alone, the record
     saying why. A baseline must not make a kernel time out whose own code compiled and passed
-    (level3/34's 256 unrolled RNN steps took Inductor most of the kernel's 600 s).
+    (an RNN unrolled over many steps: README, Benchmarking).
 
     Its caches are in `cache`, the kernel's folder shared by its processes
     (kbd/caches/inductor_cache.py), or else in the worker's scratch folder
