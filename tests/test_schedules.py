@@ -518,6 +518,11 @@ CASES = {
         (functools.partial(Conv, (6, 4, 3), padding=1), [(2, 4, 45)]),  # 1-D: 45 = 32 + 8 + 4 + 1
         (functools.partial(Conv, (6, 4, 3), stride=2, dilation=2), [(2, 4, 45)]),
         (functools.partial(Conv, (4, 6, 3), transposed=True, stride=3), [(2, 4, 15)]),
+        # rows of 4 and 5 columns, too few positions for channels last: a gather of the taps
+        # and a matmul (kbd-narrow-convs-as-matmuls), transposed to NCHW over two images;
+        # strided and dilated (the gather's indexing only), 20 filters (a partial tile)
+        (functools.partial(Conv, (32, 24, 3, 3), padding=1), [(2, 24, 4, 4)]),
+        (functools.partial(Conv, (20, 6, 3, 3), stride=2, dilation=2, padding=2), [(1, 6, 10, 10)]),
         # strided: kbd-strided-convs-as-phases first (16 phases of 3x3; one phase of 1x1; three
         # taps gathered, dilation 4 and stride 3 coprime; a stride in one dim only; 3x3 taps
         # gathered)
@@ -994,6 +999,45 @@ def test_a_pointwise_convolution_of_one_image_becomes_a_matmul(feature):
             assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<40x49xf32>", text)
             for others in (Conv((40, 24, 1, 1)), Conv((40, 24, 1, 1), stride=2)):
                 kept = mlir.import_model(others, [torch.randn(2, 24, 7, 7)])
+                mlir.apply_stage(kept, stage)
+                assert "linalg.conv_2d_nchw_fchw" in str(kept)
+        if stage.name == "matmul.mlir":
+            assert "linalg.matmul" not in text
+            break
+    else:
+        raise AssertionError("the conv2d schedule has no matmul.mlir stage")
+
+
+@pytest.mark.parametrize("feature", [None, "avx512f"])
+def test_a_convolution_with_narrow_rows_becomes_a_product_over_its_gathered_taps(feature):
+    """kbd-narrow-convs-as-matmuls, with the products: a 3 x 3 convolution with rows of 4
+    columns over two images (32 positions: too few to pay for channels last's copy of the
+    kernel) becomes a gather of its taps [C * 9, N * 16], a matmul of the kernel as [F, C * 9]
+    (a view) onto its bias, and a transpose to NCHW (a reshape over one image), and the matmul
+    schedule leaves no matmul; wide rows, positions too few to fill vectors, and positions
+    enough for channels last stay convolutions."""
+    path = SCHEDULES / "x86_64" / (feature or "") / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    names = [stage.text for stage in stages]
+    assert names.index("kbd-narrow-convs-as-matmuls") < names.index("kbd-outline-repeated-ops")
+    module = mlir.import_model(Conv((32, 24, 3, 3), padding=1), [torch.randn(2, 24, 4, 4)])
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        text = str(module)
+        if stage.text == "kbd-narrow-convs-as-matmuls":
+            assert "linalg.conv_2d" not in text
+            products = [line for line in text.splitlines() if "linalg.matmul" in line]
+            assert len(products) == 1
+            assert "tensor<32x216xf32>, tensor<216x32xf32>" in products[0]
+            assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<32x32xf32>", text)
+            assert "permutation = [1, 0, 2, 3]" in text
+            one = mlir.import_model(Conv((40, 24, 3, 3), stride=2), [torch.randn(1, 24, 11, 11)])
+            mlir.apply_stage(one, stage)
+            assert "linalg.conv_2d" not in str(one) and "linalg.transpose" not in str(one)
+            assert "tensor<40x216xf32>, tensor<216x25xf32>" in str(one)
+            # rows of 32; 4 positions; 98 positions (channels last)
+            for shape in [(2, 24, 7, 34), (1, 24, 4, 4), (2, 24, 9, 9)]:
+                kept = mlir.import_model(Conv((40, 24, 3, 3)), [torch.randn(shape)])
                 mlir.apply_stage(kept, stage)
                 assert "linalg.conv_2d_nchw_fchw" in str(kept)
         if stage.name == "matmul.mlir":

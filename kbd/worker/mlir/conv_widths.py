@@ -36,6 +36,8 @@ REGISTER_TILE = 32  # conv2d.mlir's widest register tile (AVX-512), in columns
 # for a few output positions only: there, channels last lost more to the copies than it won).
 WEIGHT_COPY = 150
 INPUT_COPY = "kbd.input_copy"  # on a convolution's input that is a copy already (rows may grow)
+# The largest im2col buffer `as_product` allows, in elements (16 MiB of f32)
+MAX_GATHERED = 1 << 22
 
 
 def vector_steps(width: int) -> int:
@@ -109,6 +111,22 @@ def channels_last(width: int, filters: int, positions: int, *, input_copied: boo
     along_filters = filters / (LANES * -(-filters // LANES))
     saved = positions * (1 / along_rows - 1 / along_filters)  # vector steps a weight
     return along_filters >= 1.25 * along_rows and saved >= WEIGHT_COPY
+
+
+def as_product(width: int, filters: int, positions: int, reduction: int) -> bool:
+    """Whether a convolution with output rows of `width` columns, `filters` filters,
+    `positions` output positions per filter (N x OH x OW) and `reduction` terms per output
+    (C x KH x KW) is computed as a product over its gathered taps (kbd-narrow-convs-as-matmuls):
+    its rows fill at most half of the lanes conv2d.mlir's tiles give them (rows padded by
+    `padded_width`), its positions fill at least three quarters of theirs as the product's
+    columns, the gathered taps (`reduction` x `positions` elements) fit MAX_GATHERED, and
+    channels last would not be chosen, or would copy more: its copy of the kernel is
+    `reduction` x `filters` elements, the gather `reduction` x `positions`."""
+    if positions >= filters and channels_last(width, filters, positions, input_copied=False):
+        return False
+    along_rows = width / (LANES * vector_steps(padded_width(width) or width))
+    along_positions = positions / (LANES * -(-positions // LANES))
+    return along_rows <= 0.5 and along_positions >= 0.75 and reduction * positions <= MAX_GATHERED
 
 
 def input_columns(width: int, kernel_width: int, stride: int, dilation: int) -> int:
