@@ -285,7 +285,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="stop compiling the Inductor baseline after this long: the kernel is then timed "
         "against eager alone and its record says why, instead of the baseline's compile making "
-        "the kernel time out (default: half of --timeout)",
+        "the kernel time out (needs --baseline inductor; default: half of --timeout)",
     )
     lim = parser.add_argument_group("workers and limits")
     lim.add_argument(

@@ -789,6 +789,11 @@ def test_bad_benchmark_options_are_usage_errors(tmp_path: Path):
         cwd=tmp_path,
     )
     assert result.returncode == 2 and "--inductor-timeout must be positive" in result.stderr
+    for without in ([], ["--benchmark"]):  # no Inductor baseline to limit
+        args = fixture_args("level1/2_", *without, "--inductor-timeout", "60")
+        result = kbd("run", *args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "--inductor-timeout needs --baseline inductor" in result.stderr
 
 
 def test_schedules_never_see_the_timing_loops(tmp_path: Path):

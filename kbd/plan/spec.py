@@ -269,11 +269,13 @@ def _print_to(text: str | None, cwd: Path) -> str | None:
 
 def _bench_options(args: Namespace) -> BenchOptions | None:
     baselines = set(args.baseline or ())
+    limit = args.inductor_timeout
+    if limit is not None and "inductor" not in baselines:
+        raise InputError("--inductor-timeout needs --baseline inductor: it limits that compile")
     if not args.benchmark:
         if baselines:
             raise InputError("--baseline needs --benchmark: baselines are what timing compares")
         return None
-    limit = args.inductor_timeout
     if limit is not None and not limit > 0:  # also NaN
         raise InputError(f"--inductor-timeout must be positive, got {limit:g}")
     return BenchOptions(
