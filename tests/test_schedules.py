@@ -977,35 +977,45 @@ def test_a_strided_convolution_becomes_a_stride_one_convolution_over_phases(conv
     assert str(module) == before
 
 
+def conv2d_products(feature, module, rewrite: str, before: str) -> tuple[str, Stage]:
+    """Apply the conv2d schedule (`feature`'s, or AVX2's for None) to `module` up to its
+    matmul.mlir stage, which must leave no matmul; `rewrite` must come before the stage named
+    `before`. Returns the module's text after `rewrite`, and that stage."""
+    path = SCHEDULES / "x86_64" / (feature or "") / "conv2d" / "f32.yaml"
+    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
+    names = [stage.text for stage in stages]
+    assert names.index(rewrite) < names.index(before)
+    found = None
+    for stage in stages:
+        mlir.apply_stage(module, stage)
+        if stage.text == rewrite:
+            found = str(module), stage
+        if stage.name == "matmul.mlir":
+            assert "linalg.matmul" not in str(module)
+            assert found is not None
+            return found
+    raise AssertionError("the conv2d schedule has no matmul.mlir stage")
+
+
 @pytest.mark.parametrize("feature", [None, "avx512f"])
 def test_a_pointwise_convolution_of_one_image_becomes_a_matmul(feature):
     """kbd-pointwise-convs-as-matmuls, before the channels-last rewrite: a 1 x 1 convolution
     over one image of 7 x 7 becomes a matmul of its [40, 24] kernel and the image as [24, 49]
     (no transpose, no copy of the input) onto its bias, which the matmul schedule then leaves
     no matmul of; over two images, or strided, it stays a convolution."""
-    path = SCHEDULES / "x86_64" / (feature or "") / "conv2d" / "f32.yaml"
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    names = [stage.text for stage in stages]
-    assert names.index("kbd-pointwise-convs-as-matmuls") < names.index("kbd-convs-channels-last")
     module = mlir.import_model(Conv((40, 24, 1, 1)), [torch.randn(1, 24, 7, 7)])
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        text = str(module)
-        if stage.text == "kbd-pointwise-convs-as-matmuls":
-            assert "linalg.conv_2d" not in text and "linalg.transpose" not in text
-            products = [line for line in text.splitlines() if "linalg.matmul" in line]
-            assert len(products) == 1
-            assert "tensor<40x24xf32>, tensor<24x49xf32>" in products[0]
-            assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<40x49xf32>", text)
-            for others in (Conv((40, 24, 1, 1)), Conv((40, 24, 1, 1), stride=2)):
-                kept = mlir.import_model(others, [torch.randn(2, 24, 7, 7)])
-                mlir.apply_stage(kept, stage)
-                assert "linalg.conv_2d_nchw_fchw" in str(kept)
-        if stage.name == "matmul.mlir":
-            assert "linalg.matmul" not in text
-            break
-    else:
-        raise AssertionError("the conv2d schedule has no matmul.mlir stage")
+    text, stage = conv2d_products(
+        feature, module, "kbd-pointwise-convs-as-matmuls", "kbd-convs-channels-last"
+    )
+    assert "linalg.conv_2d" not in text and "linalg.transpose" not in text
+    products = [line for line in text.splitlines() if "linalg.matmul" in line]
+    assert len(products) == 1
+    assert "tensor<40x24xf32>, tensor<24x49xf32>" in products[0]
+    assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<40x49xf32>", text)
+    for others in (Conv((40, 24, 1, 1)), Conv((40, 24, 1, 1), stride=2)):
+        kept = mlir.import_model(others, [torch.randn(2, 24, 7, 7)])
+        mlir.apply_stage(kept, stage)
+        assert "linalg.conv_2d_nchw_fchw" in str(kept)
 
 
 @pytest.mark.parametrize("feature", [None, "avx512f"])
@@ -1016,35 +1026,25 @@ def test_a_convolution_with_narrow_rows_becomes_a_product_over_its_gathered_taps
     (a view) onto its bias, and a transpose to NCHW (a reshape over one image), and the matmul
     schedule leaves no matmul; wide rows, positions too few to fill vectors, and positions
     enough for channels last stay convolutions."""
-    path = SCHEDULES / "x86_64" / (feature or "") / "conv2d" / "f32.yaml"
-    stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
-    names = [stage.text for stage in stages]
-    assert names.index("kbd-narrow-convs-as-matmuls") < names.index("kbd-outline-repeated-ops")
     module = mlir.import_model(Conv((32, 24, 3, 3), padding=1), [torch.randn(2, 24, 4, 4)])
-    for stage in stages:
-        mlir.apply_stage(module, stage)
-        text = str(module)
-        if stage.text == "kbd-narrow-convs-as-matmuls":
-            assert "linalg.conv_2d" not in text
-            products = [line for line in text.splitlines() if "linalg.matmul" in line]
-            assert len(products) == 1
-            assert "tensor<32x216xf32>, tensor<216x32xf32>" in products[0]
-            assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<32x32xf32>", text)
-            assert "permutation = [1, 0, 2, 3]" in text
-            one = mlir.import_model(Conv((40, 24, 3, 3), stride=2), [torch.randn(1, 24, 11, 11)])
-            mlir.apply_stage(one, stage)
-            assert "linalg.conv_2d" not in str(one) and "linalg.transpose" not in str(one)
-            assert "tensor<40x216xf32>, tensor<216x25xf32>" in str(one)
-            # rows of 32; 4 positions; 98 positions (channels last)
-            for shape in [(2, 24, 7, 34), (1, 24, 4, 4), (2, 24, 9, 9)]:
-                kept = mlir.import_model(Conv((40, 24, 3, 3)), [torch.randn(shape)])
-                mlir.apply_stage(kept, stage)
-                assert "linalg.conv_2d_nchw_fchw" in str(kept)
-        if stage.name == "matmul.mlir":
-            assert "linalg.matmul" not in text
-            break
-    else:
-        raise AssertionError("the conv2d schedule has no matmul.mlir stage")
+    text, stage = conv2d_products(
+        feature, module, "kbd-narrow-convs-as-matmuls", "kbd-outline-repeated-ops"
+    )
+    assert "linalg.conv_2d" not in text
+    products = [line for line in text.splitlines() if "linalg.matmul" in line]
+    assert len(products) == 1
+    assert "tensor<32x216xf32>, tensor<216x32xf32>" in products[0]
+    assert re.search(r"linalg.broadcast .* outs\(\S+ : tensor<32x32xf32>", text)
+    assert "permutation = [1, 0, 2, 3]" in text
+    one = mlir.import_model(Conv((40, 24, 3, 3), stride=2), [torch.randn(1, 24, 11, 11)])
+    mlir.apply_stage(one, stage)
+    assert "linalg.conv_2d" not in str(one) and "linalg.transpose" not in str(one)
+    assert "tensor<40x216xf32>, tensor<216x25xf32>" in str(one)
+    # rows of 32; 4 positions; 98 positions (channels last)
+    for shape in [(2, 24, 7, 34), (1, 24, 4, 4), (2, 24, 9, 9)]:
+        kept = mlir.import_model(Conv((40, 24, 3, 3)), [torch.randn(shape)])
+        mlir.apply_stage(kept, stage)
+        assert "linalg.conv_2d_nchw_fchw" in str(kept)
 
 
 def test_a_grouped_convolution_becomes_one_convolution_per_group():
