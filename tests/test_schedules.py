@@ -1317,8 +1317,10 @@ def test_a_blocked_attention_passes_against_eager(tmp_path):
 
 def test_a_norm_and_mean_after_a_convolution_are_vectorized_reductions():
     """epilogues.yaml: kbd-collapse-reduction-dims makes the mean over 3 trailing dims one over
-    their product, and reduction.mlir leaves no reduction over the conv's output (2 x 8 x 4 x 6
-    x 8 values) to the loop lowering: only the group statistics' combine steps."""
+    their product, the norm's statistics it reads ([N, C, 1, 1, 1] at (n, c, 0, 0, 0)) as
+    [N, C], and reduction.mlir leaves no reduction over the conv's output (2 x 8 x 4 x 6 x 8
+    values) to the loop lowering, nor the normalization in the mean's tiles: only the group
+    statistics' combine step."""
     path = SCHEDULES / "x86_64" / "conv3d" / "f32.yaml"
     stages = descriptor.resolve_pipeline([str(path)], schedules_dir=SCHEDULES, cwd=Path("/"))
     module = mlir.import_model(ConvNormMean(), [torch.randn(2, 3, 6, 8, 10)])
@@ -1332,11 +1334,13 @@ def test_a_norm_and_mean_after_a_convolution_are_vectorized_reductions():
                 str(module),
             )
             assert _largest_reduction_input(module) == 2 * 8 * 192
+            assert not re.search(r"-> \([^)]*, 0, 0\)>", str(module))  # no unit dims read at 0
         if stage.name == "reduction.mlir":
             break
     else:
         raise AssertionError("the conv3d schedule has no reduction.mlir stage")
     assert _largest_reduction_input(module) <= 2 * 8
+    assert str(module).count("linalg.generic") == 1  # the combine step; the mean's tiles vectorized
 
 
 def test_narrow_rows_with_many_filters_are_computed_channels_last():

@@ -6,7 +6,10 @@ whose last few iterators are reductions over the innermost, contiguous dims of i
 reduction.mlir vectorizes reductions over one last dim; with three it leaves a scalar loop,
 a pass over the whole tensor one element at a time. The trailing reduction dims are one dim of
 their product, over the input reshaped to match (a `tensor.collapse_shape`, no copy): the op is
-edited in place, its body kept.
+edited in place, its body kept. An operand that reads none of those dims but holds them as unit
+dims read at constant 0 (a group norm's statistics, [N, C, 1, 1, 1], in a mean over the
+normalized values) is reshaped to drop them too: the vectorizer takes no map with constants,
+and left such a reduction's tiles scalar.
 """
 
 from __future__ import annotations
@@ -59,10 +62,37 @@ def _collapse(op: ir.Operation) -> bool:
                 groups = [[d] for d in range(kept)] + [list(range(kept, value_type.rank))]
                 op.operands[i] = tensor.collapse_shape(collapsed, value, groups)
                 results = [*results[:kept], ir.AffineDimExpr.get(first)]
+            else:
+                results = _without_trailing_unit_constants(op, i, value, results)
             new_maps.append(ir.AffineMap.get(first + 1, 0, results))
     op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
     op.attributes["iterator_types"] = ir.ArrayAttr.get(kinds[: first + 1])
     return True
+
+
+def _without_trailing_unit_constants(op: ir.Operation, i: int, value: ir.Value, results: list):
+    """An operand that reads none of the collapsed dims (a norm's mean or scale, [N, C, 1, 1, 1]
+    read as (n, c, 0, 0, 0)): its trailing unit dims, read at constant 0, are folded into the
+    dim before them (a `tensor.collapse_shape`, no copy), so that its map is a projected
+    permutation (n, c), which the vectorizer takes (with the constants it left the op's
+    tiles scalar). Returns the map's new results; `results` when there is nothing to fold."""
+    value_type = value.type
+    if not isinstance(value_type, ir.RankedTensorType) or not value_type.has_static_shape:
+        return results
+    kept = len(results)
+    while kept > 1 and _unit_constant(results[kept - 1], value_type.shape[kept - 1]):
+        kept -= 1
+    if kept == len(results) or isinstance(results[kept - 1], ir.AffineConstantExpr):
+        return results
+    shape = value_type.shape
+    collapsed = ir.RankedTensorType.get(shape[:kept], value_type.element_type)
+    groups = [[d] for d in range(kept - 1)] + [list(range(kept - 1, len(shape)))]
+    op.operands[i] = tensor.collapse_shape(collapsed, value, groups)
+    return results[:kept]
+
+
+def _unit_constant(expr, size: int) -> bool:
+    return size == 1 and isinstance(expr, ir.AffineConstantExpr) and expr.value == 0
 
 
 def _reads_trailing(indexing: ir.AffineMap, first: int) -> bool | None:
