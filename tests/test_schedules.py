@@ -437,6 +437,23 @@ class ConvEpilogue(torch.nn.Module):
 
 
 # family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
+class ConvMeanKeepdim(torch.nn.Module):
+    """level2/8's ops: a conv3d, a max pool, a global average pool into [N, C, 1, 1, 1], a bias
+    and a sum over the channels. A reduction's result that holds the collapsed dims as unit
+    dims read at constant 0 must keep its type (kbd-collapse-reduction-dims folds inputs' only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = Conv3d((8, 3, 3, 3, 3))
+        self.register_buffer(
+            "bias", torch.randn(8, 1, 1, 1, generator=torch.Generator().manual_seed(2))
+        )
+
+    def forward(self, x):
+        pooled = F.adaptive_avg_pool3d(F.max_pool3d(self.conv(x) / 2, 2), 1)
+        return (pooled + self.bias).sum(dim=1)
+
+
 CASES = {
     "matmul": [
         (Matmul, [(64, 64), (64, 64)]),
@@ -548,6 +565,7 @@ CASES = {
     "conv3d": [  # kbd-conv3d-as-conv2d, then the conv2d schedule
         (Conv3d, [(2, 3, 5, 9, 12)]),
         (ConvEpilogue, [(2, 3, 5, 9, 12)]),  # its transposes and epilogue: epilogues.yaml
+        (ConvMeanKeepdim, [(2, 3, 5, 9, 12)]),  # a mean kept [N, C, 1, 1, 1]: its result's type
         (
             functools.partial(Conv3d, (6, 4, 3, 3, 3), padding=1, stride=(2, 1, 2)),
             [(1, 4, 7, 9, 17)],

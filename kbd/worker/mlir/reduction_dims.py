@@ -62,7 +62,7 @@ def _collapse(op: ir.Operation) -> bool:
                 groups = [[d] for d in range(kept)] + [list(range(kept, value_type.rank))]
                 op.operands[i] = tensor.collapse_shape(collapsed, value, groups)
                 results = [*results[:kept], ir.AffineDimExpr.get(first)]
-            else:
+            elif i < len(operands) - len(op.results):  # an input: the results keep their type
                 results = _without_trailing_unit_constants(op, i, value, results)
             new_maps.append(ir.AffineMap.get(first + 1, 0, results))
     op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
@@ -71,7 +71,7 @@ def _collapse(op: ir.Operation) -> bool:
 
 
 def _without_trailing_unit_constants(op: ir.Operation, i: int, value: ir.Value, results: list):
-    """An operand that reads none of the collapsed dims (a norm's mean or scale, [N, C, 1, 1, 1]
+    """An input that reads none of the collapsed dims (a norm's mean or scale, [N, C, 1, 1, 1]
     read as (n, c, 0, 0, 0)): its trailing unit dims, read at constant 0, are folded into the
     dim before them (a `tensor.collapse_shape`, no copy), so that its map is a projected
     permutation (n, c), which the vectorizer takes (with the constants it left the op's
