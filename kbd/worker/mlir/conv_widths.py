@@ -106,9 +106,8 @@ def channels_last(width: int, filters: int, positions: int, *, input_copied: boo
     by `padded_width`, given `input_copied`): the lanes it saves must pay for its kernel's copy
     into the [KH, KW, C, F] layout, made on every call (a copy of a parameter, strided:
     WEIGHT_COPY steps a weight), and for copying its input and output (a margin of a quarter)."""
-    steps = vector_steps(padded_width(width, input_copied=input_copied) or width)
-    along_rows = width / (LANES * steps)
-    along_filters = filters / (LANES * -(-filters // LANES))
+    along_rows = _row_fill(width, input_copied=input_copied)
+    along_filters = _vector_fill(filters)
     saved = positions * (1 / along_rows - 1 / along_filters)  # vector steps a weight
     return along_filters >= 1.25 * along_rows and saved >= WEIGHT_COPY
 
@@ -124,9 +123,19 @@ def as_product(width: int, filters: int, positions: int, reduction: int) -> bool
     `reduction` x `filters` elements, the gather `reduction` x `positions`."""
     if positions >= filters and channels_last(width, filters, positions, input_copied=False):
         return False
-    along_rows = width / (LANES * vector_steps(padded_width(width) or width))
-    along_positions = positions / (LANES * -(-positions // LANES))
-    return along_rows <= 0.5 and along_positions >= 0.75 and reduction * positions <= MAX_GATHERED
+    narrow = _row_fill(width, input_copied=False) <= 0.5
+    return narrow and _vector_fill(positions) >= 0.75 and reduction * positions <= MAX_GATHERED
+
+
+def _row_fill(width: int, *, input_copied: bool) -> float:
+    """The share of its vector lanes a row of `width` columns fills in conv2d.mlir's tiles
+    (padded by `padded_width`)."""
+    return width / (LANES * vector_steps(padded_width(width, input_copied=input_copied) or width))
+
+
+def _vector_fill(count: int) -> float:
+    """The share of their lanes `count` values fill, in whole vectors."""
+    return count / (LANES * -(-count // LANES))
 
 
 def input_columns(width: int, kernel_width: int, stride: int, dilation: int) -> int:
