@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -90,20 +91,29 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     return NotImplemented
 
 
+class ConvArguments(NamedTuple):
+    """aten.convolution's arguments between the bias and the groups, in its order."""
+
+    stride: list[int]
+    padding: list[int]
+    dilation: list[int]
+    transposed: bool
+    output_padding: list[int]
+
+
 def _by_groups(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """One convolution per group, concatenated along channels (`_channels`)."""
-    arguments = (stride, padding, dilation, transposed, output_padding)
+    arguments = ConvArguments(stride, padding, dilation, transposed, output_padding)
     return _channels(_group_parts(x, weight, bias, arguments, groups))
 
 
-def _group_parts(x, weight, bias, arguments, groups, pads=None):
-    """Each group's convolution (`arguments`: stride, padding, dilation, transposed, output
-    padding), its slice of the input zero-padded by `pads` (F.pad's order) first if given."""
-    transposed = arguments[3]
+def _group_parts(x, weight, bias, arguments: ConvArguments, groups, pads=None):
+    """Each group's convolution, its slice of the input zero-padded by `pads` (F.pad's order)
+    first if given."""
     inputs = x.shape[1] // groups
     # The weight is [out, in / groups, ...], or [in, out / groups, ...] when transposed.
     per_weight = weight.shape[0] // groups
-    outputs = weight.shape[1] if transposed else per_weight
+    outputs = weight.shape[1] if arguments.transposed else per_weight
     parts = []
     for g in range(groups):
         part = x[:, g * inputs : (g + 1) * inputs]
@@ -214,7 +224,7 @@ def _phase(x, weight, bias, combination, groups):
     # Concatenated, not written into slices of one tensor (`_channels`): bufferization would
     # then compute each group's part straight into its strided slice of the output, a lane
     # at a time, instead of copying whole phases there, interleaved (kbd-vector-copies).
-    arguments = (ones, zeros, dilation, False, zeros)
+    arguments = ConvArguments(ones, zeros, dilation, False, zeros)
     return torch.cat(_group_parts(cut, forward, bias, arguments, groups, pads), 1)
 
 

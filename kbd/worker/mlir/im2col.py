@@ -31,7 +31,14 @@ from torch_mlir.dialects import linalg, tensor
 
 from kbd.worker.mlir import conv_widths
 from kbd.worker.mlir.rewrites import matmul_maps
-from kbd.worker.mlir.walk import channel_init, collapsed, int_array, static_ops, transposed
+from kbd.worker.mlir.walk import (
+    channel_init,
+    collapsed,
+    expanded,
+    int_array,
+    static_ops,
+    transposed,
+)
 
 TAPS_FIRST = [[0, 1, 2], [3, 4, 5]]  # [C, KH, KW, N, OH, OW] <-> [C * KH * KW, N * OH * OW]
 
@@ -68,7 +75,7 @@ def narrow_convs_as_matmuls(module: ir.Module) -> int:
                     outs=[accumulator],
                     indexing_maps=matmul_maps((2, 1)),
                 )
-                result = _as_nchw(product, [f, n, oh, ow], element)
+                result = _as_nchw(product, [f, n, oh, ow])
             op.results[0].replace_all_uses_with(result)
             op.erase()
             changed += 1
@@ -96,16 +103,10 @@ def _gathered_taps(image: ir.Value, shape: list[int], element, strides, dilation
     return generic.results[0]
 
 
-def _as_nchw(product: ir.Value, shape: list[int], element) -> ir.Value:
+def _as_nchw(product: ir.Value, shape: list[int]) -> ir.Value:
     """The product [F, N * OH * OW] as the convolution's [N, F, OH, OW]: a reshape over one
     image, else a transpose of [F, N, OH, OW]."""
     f, n, oh, ow = shape
     if n == 1:
-        nchw = [1, f, oh, ow]
-        return tensor.expand_shape(
-            ir.RankedTensorType.get(nchw, element), product, [[0, 1], [2, 3]], [], nchw
-        )
-    expanded = tensor.expand_shape(
-        ir.RankedTensorType.get(shape, element), product, [[0], [1, 2, 3]], [], shape
-    )
-    return transposed(expanded, [1, 0, 2, 3])
+        return expanded(product, [1, f, oh, ow], [[0, 1], [2, 3]])
+    return transposed(expanded(product, shape, [[0], [1, 2, 3]]), [1, 0, 2, 3])

@@ -31,7 +31,7 @@ from torch_mlir.dialects import linalg, tensor
 
 from kbd.worker.mlir import conv_widths
 from kbd.worker.mlir.rewrites import batch_matmul_maps, matmul_maps
-from kbd.worker.mlir.walk import channel_init, collapsed, int_array, static_ops
+from kbd.worker.mlir.walk import channel_init, collapsed, expanded, int_array, static_ops
 
 ROWS = [[0, 1], [2, 3]]  # [1, C, H, W] <-> [C, H * W]
 # Shorter 1-D rows stay convolutions: a product per image of a few columns gains nothing.
@@ -64,10 +64,7 @@ def pointwise_convs_as_matmuls(module: ir.Module) -> int:
                     outs=[accumulator],
                     indexing_maps=matmul_maps((2, 1)),
                 )
-                shape = [1, f, h, w]
-                result = tensor.expand_shape(
-                    ir.RankedTensorType.get(shape, element), product, ROWS, [], shape
-                )
+                result = expanded(product, [1, f, h, w], ROWS)
             op.results[0].replace_all_uses_with(result)
             op.erase()
             changed += 1

@@ -69,9 +69,14 @@ def poolings_as_taps(module: ir.Module) -> int:
     taps; returns how many were rewritten."""
     rewritten = 0
     with module.context, ir.Location.unknown():
-        # One at a time, each found afresh: a pooling may read another's result (GoogLeNet's
-        # stride-2 max pool feeds an inception's 3x3 one), which the rewrite replaces.
-        while (pooling := _first_pooling(module)) is not None:
+        # Each one is read again just before it is rewritten, in the order of the module: a
+        # pooling may read another's result (GoogLeNet's stride-2 max pool feeds an
+        # inception's 3x3 one), which the earlier rewrite replaces. A rewrite erases the op it
+        # replaces (the pooling or its epilogue) and what feeds only that: no later pooling.
+        for op in _poolings(module):
+            pooling = _pooling(op)
+            if pooling is None:
+                continue
             replaced = producer(pooling.result)
             with ir.InsertionPoint(replaced), replaced.location:
                 value = _build(pooling)
@@ -81,18 +86,17 @@ def poolings_as_taps(module: ir.Module) -> int:
     return rewritten
 
 
-def _first_pooling(module: ir.Module) -> Pooling | None:
-    found: list[Pooling] = []
+def _poolings(module: ir.Module) -> list:
+    """The module's pooling ops (those `_pooling` takes), in order."""
+    found = []
 
     def visit(op) -> ir.WalkResult:
-        pooling = _pooling(op)
-        if pooling is None:
-            return ir.WalkResult.ADVANCE
-        found.append(pooling)
-        return ir.WalkResult.INTERRUPT
+        if _pooling(op) is not None:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return found[0] if found else None
+    return found
 
 
 def segments(out: int, size: int, window: Window) -> list[Segment]:

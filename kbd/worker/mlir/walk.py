@@ -125,6 +125,12 @@ def collapsed(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.
     return tensor.collapse_shape(ir.RankedTensorType.get(shape, element), value, groups)
 
 
+def expanded(value: ir.Value, shape: list[int], groups: list[list[int]]) -> ir.Value:
+    """`value` expanded to the static `shape` by `groups` (a view, `collapsed`'s inverse)."""
+    element = ir.RankedTensorType(value.type).element_type
+    return tensor.expand_shape(ir.RankedTensorType.get(shape, element), value, groups, [], shape)
+
+
 def transposed(value: ir.Value, permutation: list[int]) -> ir.Value:
     """A `linalg.transpose` of `value` into a new tensor: result dim i is `value`'s dim
     permutation[i]."""
