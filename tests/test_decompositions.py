@@ -145,6 +145,25 @@ def test_norms_match_eager_in_f64():
     )
 
 
+def test_an_inference_batch_norm_is_imported_as_one_pass_with_a_scale_per_channel():
+    """torch.export makes an eval-mode batch norm `_native_batch_norm_legit_no_training`, which
+    kbd decomposes (torch's own decomposition divides by a square root, which torch-mlir lowers
+    with an assert per element); the one pass matches eager."""
+    model = torch.nn.BatchNorm2d(4).eval()
+    with torch.no_grad():
+        model.running_mean.uniform_(-1, 1)
+        model.running_var.uniform_(0.5, 2)
+        model.weight.uniform_(-1, 1)
+        model.bias.uniform_(-1, 1)
+    x = torch.rand(2, 4, 3, 5)
+    program = torch.export.export(model, (x,), strict=False)
+    decomposed = program.run_decompositions(norms.TABLE)
+    names = [str(n.target) for n in decomposed.graph.nodes if n.op == "call_function"]
+    assert "aten.rsqrt.default" in names
+    assert "aten.sqrt.default" not in names and "aten.reciprocal.default" not in names
+    torch.testing.assert_close(decomposed.module()(x), model(x))
+
+
 def test_norms_that_update_running_statistics_or_are_not_float_are_left_to_torch():
     x = torch.rand(2, 4, 3, 3)
     mean, var = torch.zeros(4), torch.ones(4)

@@ -127,8 +127,20 @@ def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, e
     return y
 
 
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    """aten._native_batch_norm_legit_no_training, what torch.export makes of an inference
+    batch norm: `batch_norm`'s one pass, and the empty saved statistics torch's own CPU
+    decomposition returns. (That decomposition divides by a square root per channel, which
+    torch-mlir lowers with an assert in the body of every element's op.)"""
+    y = batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps, False)
+    if y is NotImplemented:
+        return NotImplemented
+    return y, x.new_zeros((0,)), x.new_zeros((0,))
+
+
 TABLE = {
     aten.batch_norm.default: batch_norm,
+    aten._native_batch_norm_legit_no_training.default: batch_norm_no_training,
     aten.layer_norm.default: layer_norm,
     aten.group_norm.default: group_norm,
     aten.instance_norm.default: instance_norm,
