@@ -114,8 +114,9 @@ def _parallel_rank(op: ir.Operation) -> int | None:
 def drop_generic_asserts(module: ir.Module) -> int:
     """Erase the `cf.assert`s inside `linalg.generic` bodies; returns how many were erased.
 
-    torch-mlir's batch norm checks `sqrt(var + eps) != 0` per element with one: eager checks
-    nothing (it divides, giving inf), and an op with an assert in its body cannot be vectorized,
+    torch-mlir's reciprocal checks its operand `!= 0` per element with one (as torch's batch
+    norm decomposition used it, `1 / sqrt(var + eps)`): eager checks nothing (it divides,
+    giving inf), and an op with an assert in its body cannot be vectorized,
     so the whole fused epilogue around it would stay a scalar loop."""
     erased = 0
     with module.context:
