@@ -436,7 +436,6 @@ class ConvEpilogue(torch.nn.Module):
         return torch.clamp(torch.sigmoid(y) * 2.0 * y, -1.0, 1.0)
 
 
-# family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 class ConvMeanKeepdim(torch.nn.Module):
     """level2/8's ops: a conv3d, a max pool, a global average pool into [N, C, 1, 1, 1], a bias
     and a sum over the channels. A reduction's result that holds the collapsed dims as unit
@@ -454,6 +453,7 @@ class ConvMeanKeepdim(torch.nn.Module):
         return (pooled + self.bias).sum(dim=1)
 
 
+# family -> (module, input shapes) cases: one that divides the schedule's tiles, one that does not
 CASES = {
     "matmul": [
         (Matmul, [(64, 64), (64, 64)]),

@@ -14,10 +14,11 @@ and left such a reduction's tiles scalar.
 
 from __future__ import annotations
 
-from torch_mlir import ir
-from torch_mlir.dialects import tensor
+import math
 
-from kbd.worker.mlir.walk import ops_named
+from torch_mlir import ir
+
+from kbd.worker.mlir.walk import collapsed, ops_named
 
 
 def collapse_reduction_dims(module: ir.Module) -> int:
@@ -53,14 +54,9 @@ def _collapse(op: ir.Operation) -> bool:
             if read:
                 value_type = ir.RankedTensorType(value.type)
                 kept = value_type.rank - (len(kinds) - first)
-                volume = 1
-                for size in value_type.shape[kept:]:
-                    volume *= size
-                collapsed = ir.RankedTensorType.get(
-                    [*value_type.shape[:kept], volume], value_type.element_type
-                )
+                shape = [*value_type.shape[:kept], math.prod(value_type.shape[kept:])]
                 groups = [[d] for d in range(kept)] + [list(range(kept, value_type.rank))]
-                op.operands[i] = tensor.collapse_shape(collapsed, value, groups)
+                op.operands[i] = collapsed(value, shape, groups)
                 results = [*results[:kept], ir.AffineDimExpr.get(first)]
             elif i < len(operands) - len(op.results):  # an input: the results keep their type
                 results = _without_trailing_unit_constants(op, i, value, results)
@@ -85,9 +81,8 @@ def _without_trailing_unit_constants(op: ir.Operation, i: int, value: ir.Value, 
     if kept == len(results) or isinstance(results[kept - 1], ir.AffineConstantExpr):
         return results
     shape = value_type.shape
-    collapsed = ir.RankedTensorType.get(shape[:kept], value_type.element_type)
     groups = [[d] for d in range(kept - 1)] + [list(range(kept - 1, len(shape)))]
-    op.operands[i] = tensor.collapse_shape(collapsed, value, groups)
+    op.operands[i] = collapsed(value, shape[:kept], groups)
     return results[:kept]
 
 
